@@ -1,0 +1,204 @@
+// hipdlrm platform layer: one vocabulary for CUDA and HIP device code.
+//
+// Kernels include this header instead of <cuda_runtime.h> / <hip/hip_runtime.h> and use only the names
+// defined here (stream_t, wave size, lane masks, shuffles, ballot). That is what lets one kernel file
+// compile with nvcc, with hipcc inside a ROCm PyTorch build, and with plain clang for gfx942/gfx90a.
+//
+// Wave width is a compile-time constant of the *device* pass only: 64 on CDNA (gfx9: MI300X gfx942,
+// MI250X gfx90a, MI350X gfx950), 32 on RDNA and on NVIDIA. `warpSize` is deliberately never used: ROCm 7
+// made it a runtime value. Host code that needs the width asks the device (device_wave_size()).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(USE_ROCM)
+#define HIPDLRM_PLATFORM_HIP 1
+#include <hip/hip_runtime.h>
+#else
+#define HIPDLRM_PLATFORM_CUDA 1
+#include <cuda_runtime.h>
+#endif
+
+namespace hipdlrm {
+namespace gpu {
+
+#if defined(HIPDLRM_PLATFORM_HIP)
+using stream_t = hipStream_t;
+using status_t = hipError_t;
+constexpr status_t kSuccess = hipSuccess;
+inline const char* status_string(status_t s) { return hipGetErrorString(s); }
+inline status_t last_launch_status() { return hipGetLastError(); }
+#else
+using stream_t = cudaStream_t;
+using status_t = cudaError_t;
+constexpr status_t kSuccess = cudaSuccess;
+inline const char* status_string(status_t s) { return cudaGetErrorString(s); }
+inline status_t last_launch_status() { return cudaGetLastError(); }
+#endif
+
+// ---- wave width ------------------------------------------------------------------------------------
+// Device pass: the real width. Host pass: the width of the platform's datacenter parts, only so that
+// kernel templates parse; never size a launch from it (use device_wave_size()).
+#if defined(__HIP_DEVICE_COMPILE__)
+#if defined(__GFX9__)
+#define HIPDLRM_WAVE_SIZE 64
+#else
+#define HIPDLRM_WAVE_SIZE 32
+#endif
+#elif defined(__CUDA_ARCH__)
+#define HIPDLRM_WAVE_SIZE 32
+#elif defined(HIPDLRM_PLATFORM_HIP)
+#define HIPDLRM_WAVE_SIZE 64
+#else
+#define HIPDLRM_WAVE_SIZE 32
+#endif
+
+constexpr int kWaveSize = HIPDLRM_WAVE_SIZE;
+constexpr int kMaxWaveSize = 64;  // for shared-memory arrays that must fit every target
+
+// Lane masks are 64-bit everywhere: a 32-bit mask silently drops lanes 32..63 of a wave64.
+using lane_mask_t = std::uint64_t;
+
+// Runtime width of a device, for host code (launch geometry, sub-wave grouping decisions).
+inline status_t memset_async(void* p, int value, std::size_t bytes, stream_t stream) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return hipMemsetAsync(p, value, bytes, stream);
+#else
+  return cudaMemsetAsync(p, value, bytes, stream);
+#endif
+}
+
+inline int device_wave_size(int device) {
+  int w = 0;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  if (hipDeviceGetAttribute(&w, hipDeviceAttributeWarpSize, device) != hipSuccess) w = 0;
+#else
+  if (cudaDeviceGetAttribute(&w, cudaDevAttrWarpSize, device) != cudaSuccess) w = 0;
+#endif
+  return w;
+}
+
+inline int device_multiprocessors(int device) {
+  int n = 0;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  if (hipDeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) n = 0;
+#else
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) n = 0;
+#endif
+  return n;
+}
+
+inline int current_device() {
+  int d = 0;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  if (hipGetDevice(&d) != hipSuccess) d = 0;
+#else
+  if (cudaGetDevice(&d) != cudaSuccess) d = 0;
+#endif
+  return d;
+}
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+#define HIPDLRM_DEVICE_CODE 1
+#define HIPDLRM_DEVICE __device__ __forceinline__
+#define HIPDLRM_HOST_DEVICE __host__ __device__ __forceinline__
+
+HIPDLRM_DEVICE int lane_id() { return static_cast<int>(threadIdx.x) & (kWaveSize - 1); }
+HIPDLRM_DEVICE int wave_id() { return static_cast<int>(threadIdx.x) / kWaveSize; }
+
+// ---- ballot ----------------------------------------------------------------------------------------
+// All lanes of the wave must be converged at the call (no lane may be inactive): that is the contract of
+// every collective in this header.
+HIPDLRM_DEVICE lane_mask_t ballot(bool pred) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return static_cast<lane_mask_t>(__ballot(pred));
+#else
+  return static_cast<lane_mask_t>(__ballot_sync(0xffffffffu, pred));
+#endif
+}
+
+// Ballot restricted to this lane's group of `Width` lanes (Width divides the wave): bit k = lane k of
+// the group. This is how a wave64 is split into emulated 32- or 16-lane warps.
+template <int Width>
+HIPDLRM_DEVICE lane_mask_t group_ballot(bool pred) {
+  static_assert(Width > 0 && (Width & (Width - 1)) == 0, "group width must be a power of two");
+  const lane_mask_t all = ballot(pred);
+  if constexpr (Width >= kWaveSize) {
+    return all;
+  } else {
+    const int base = lane_id() & ~(Width - 1);
+    return (all >> base) & ((lane_mask_t{1} << Width) - 1);
+  }
+}
+
+HIPDLRM_DEVICE int popcount(lane_mask_t m) { return __popcll(static_cast<unsigned long long>(m)); }
+
+// ---- shuffles --------------------------------------------------------------------------------------
+// Any trivially copyable T, moved as 32-bit words. `width` (a power of two <= the wave) splits the wave
+// into independent groups, as CUDA's and HIP's width argument does.
+namespace detail {
+HIPDLRM_DEVICE int shfl_word(int v, int src, int width) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return __shfl(v, src, width);
+#else
+  return __shfl_sync(0xffffffffu, v, src, width);
+#endif
+}
+HIPDLRM_DEVICE int shfl_xor_word(int v, int mask, int width) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return __shfl_xor(v, mask, width);
+#else
+  return __shfl_xor_sync(0xffffffffu, v, mask, width);
+#endif
+}
+HIPDLRM_DEVICE int shfl_down_word(int v, unsigned delta, int width) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return __shfl_down(v, delta, width);
+#else
+  return __shfl_down_sync(0xffffffffu, v, delta, width);
+#endif
+}
+
+template <typename T, typename F>
+HIPDLRM_DEVICE T shuffle_words(T v, F word_op) {
+  static_assert(std::is_trivially_copyable<T>::value, "shuffled type must be trivially copyable");
+  constexpr int kWords = (sizeof(T) + sizeof(int) - 1) / sizeof(int);
+  int words[kWords] = {};
+  memcpy(words, &v, sizeof(T));
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) words[i] = word_op(words[i]);
+  T out;
+  memcpy(&out, words, sizeof(T));
+  return out;
+}
+}  // namespace detail
+
+template <typename T>
+HIPDLRM_DEVICE T shfl(T v, int src_lane, int width = kWaveSize) {
+  return detail::shuffle_words(v, [&](int w) { return detail::shfl_word(w, src_lane, width); });
+}
+template <typename T>
+HIPDLRM_DEVICE T shfl_xor(T v, int lane_mask, int width = kWaveSize) {
+  return detail::shuffle_words(v, [&](int w) { return detail::shfl_xor_word(w, lane_mask, width); });
+}
+template <typename T>
+HIPDLRM_DEVICE T shfl_down(T v, unsigned delta, int width = kWaveSize) {
+  return detail::shuffle_words(v, [&](int w) { return detail::shfl_down_word(w, delta, width); });
+}
+
+// ---- atomics ---------------------------------------------------------------------------------------
+HIPDLRM_DEVICE void atomic_add(std::int64_t* p, std::int64_t v) {
+  atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+}
+HIPDLRM_DEVICE unsigned atomic_inc_ticket(unsigned* p) { return atomicAdd(p, 1u); }
+
+// Orders this thread's global writes before a later ticket atomic ("last block done" pattern).
+HIPDLRM_DEVICE void fence_device() { __threadfence(); }
+
+#endif  // device code
+
+}  // namespace gpu
+}  // namespace hipdlrm

@@ -1,0 +1,390 @@
+// Embedding-index bounds check with FBGEMM's bounds_check_indices contract.
+//
+// Computes: table t's indices must be -1 (a pruned row, left alone) or in [0, rows_per_table[t]); any
+// other index is counted and, unless FATAL, set to 0. Bag offsets are validated and repaired exactly as
+// FBGEMM's CPU implementation repairs them one bag after another. That sequential repair has a closed
+// form we evaluate in parallel: afterwards offsets[k] == max over j <= k of clamp(offsets[j], 0, N)
+// (derivation in docs/bounds_check.md), so the common valid case costs one read of the offsets.
+//
+// Thread mapping: two kernels. (1) prepare_offsets: one thread per bag validates offsets; the last block
+// to finish repairs them (only when something is wrong) and writes the T+1 table boundaries. (2)
+// check_indices: indices are checked flat, not bag by bag: after (1), table t owns the contiguous range
+// [boundary[t], boundary[t+1]), so each thread streams 16-byte vectors across bag boundaries with a
+// cursor on its current table. A wave per bag, as ported kernels do, would leave 50 of 64 lanes idle at
+// the typical bag size of 14.
+//
+// AMD-specific choice: the violation count is reduced in registers, across the wave with shuffles,
+// across the block's waves in LDS, and added to the counter with one atomic per block: on MI300/MI350 a
+// contended global atomic crosses the eight XCDs' private L2s. The first violation is reduced the same
+// way (block minimum) and the per-block results are combined by the last block, so the report is the
+// same run to run. A per-thread-atomic variant is kept for the benchmark's ablation.
+#include "bounds_check.h"
+
+#include <climits>
+
+#include "hipdlrm/gpu/launch.h"
+#include "hipdlrm/gpu/reduce.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace bounds_check {
+namespace {
+
+using gpu::MinOp;
+using gpu::SumOp;
+
+constexpr int kBlock = 256;
+constexpr int kUnroll = 4;            // vectors in flight per thread
+constexpr int kBlocksPerSM = 8;       // residency cap for the grid-stride loops
+constexpr std::int64_t kNone = LLONG_MAX;
+
+struct Header {
+  unsigned prepare_ticket;
+  unsigned check_ticket;
+  std::int64_t invalid_bags;   // pass-1 count of locally invalid bags
+  std::int64_t last_wrong;     // offsets[total_bags] != num_indices
+  std::int64_t abort;          // FATAL with bad offsets: the index pass does nothing
+  std::int64_t scratch_count;  // FATAL-mode target of the per-thread-atomic variant
+  std::int64_t pad;
+};
+static_assert(sizeof(Header) % 16 == 0, "header keeps the boundaries 16-byte aligned");
+
+struct BlockRecord {
+  std::int64_t count;
+  std::int64_t pos;
+  std::int64_t value;
+  std::int64_t table;
+};
+
+template <typename index_t>
+struct Workspace {
+  Header* header;
+  std::int64_t* boundaries;  // [num_tables + 1]
+  BlockRecord* records;      // [check grid]
+};
+
+HIPDLRM_HOST_DEVICE std::int64_t round16(std::int64_t b) { return (b + 15) / 16 * 16; }
+
+std::int64_t resident_blocks(int multiprocessors) {
+  return multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * kBlocksPerSM : 0;
+}
+
+template <typename index_t>
+constexpr int vector_width() { return 16 / static_cast<int>(sizeof(index_t)); }
+
+template <typename index_t>
+std::int64_t check_grid(const Problem<index_t>& p, int multiprocessors) {
+  return gpu::capped_grid(p.num_indices, std::int64_t{kBlock} * vector_width<index_t>() * kUnroll, kBlock,
+                          resident_blocks(multiprocessors));
+}
+
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t first_bag_of(const Problem<index_t>& p, std::int64_t t) {
+  return p.b_offsets != nullptr ? static_cast<std::int64_t>(p.b_offsets[t]) : t * p.batch_size;
+}
+
+HIPDLRM_DEVICE std::int64_t clamp64(std::int64_t x, std::int64_t lo, std::int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+HIPDLRM_DEVICE bool bag_invalid(std::int64_t start, std::int64_t end, std::int64_t n) {
+  return start < 0 || start > end || end > n;
+}
+
+// Runs in the last block of prepare_offsets, non-FATAL, when some offset is wrong. Reproduces the CPU's
+// sequential repair: the start of bag b (b >= 1) as the CPU sees it is the running max P[b] of the
+// clamped offsets; its end is the offset as given (the last one already set to N).
+template <typename index_t>
+HIPDLRM_DEVICE void repair_offsets(const Problem<index_t>& p, std::int64_t* smem, std::int64_t* count_out,
+                                   std::int64_t* first_out, std::int64_t* first_start,
+                                   std::int64_t* first_end) {
+  const std::int64_t n = p.num_indices;
+  const std::int64_t nb = p.total_bags;
+  std::int64_t carry = 0;  // every clamped offset is >= 0
+  std::int64_t count = 0;
+  std::int64_t first = kNone, fs = 0, fe = 0;
+  for (std::int64_t base = 0; base <= nb; base += kBlock) {
+    const std::int64_t k = base + threadIdx.x;
+    const bool in = k <= nb;
+    const std::int64_t given = in ? (k == nb ? n : static_cast<std::int64_t>(p.offsets[k])) : 0;
+    const std::int64_t end = k < nb ? (k + 1 == nb ? n : static_cast<std::int64_t>(p.offsets[k + 1])) : 0;
+    std::int64_t total = 0;
+    const std::int64_t scanned =
+        gpu::block_inclusive_scan<kBlock>(in ? clamp64(given, 0, n) : std::int64_t{0}, gpu::MaxOp(), smem, &total);
+    const std::int64_t running = carry > scanned ? carry : scanned;
+    carry = carry > total ? carry : total;
+    if (k < nb) {
+      const std::int64_t start = k == 0 ? given : running;
+      if (bag_invalid(start, end, n)) {
+        ++count;
+        if (first == kNone) { first = k; fs = start; fe = end; }
+      }
+    }
+    // block_inclusive_scan ended with a barrier: every read of this chunk is done.
+    if (in) p.offsets[k] = static_cast<index_t>(running);
+    __syncthreads();
+  }
+  const std::int64_t total_count = gpu::block_reduce<kBlock>(count, SumOp(), smem);
+  const std::int64_t first_bag = gpu::block_reduce<kBlock>(first, MinOp(), smem);
+  if (first != kNone && first == first_bag) { *first_start = fs; *first_end = fe; }
+  if (threadIdx.x == 0) { *count_out = total_count; *first_out = first_bag; }
+  __syncthreads();
+}
+
+template <typename index_t>
+__global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+  __shared__ std::int64_t smem[kBlock / 32];
+  __shared__ bool s_last;
+  __shared__ std::int64_t s_count, s_first, s_first_start, s_first_end;
+  const std::int64_t n = p.num_indices;
+  const std::int64_t nb = p.total_bags;
+  const bool fatal = p.mode == kFatal;
+  Header* h = ws.header;
+
+  std::int64_t local = 0;
+  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x; b < nb;
+       b += static_cast<std::int64_t>(gridDim.x) * kBlock) {
+    // Outside FATAL the last offset is repaired before any bag is looked at, as on the CPU.
+    const std::int64_t end = (b + 1 == nb && !fatal) ? n : static_cast<std::int64_t>(p.offsets[b + 1]);
+    local += bag_invalid(p.offsets[b], end, n);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && static_cast<std::int64_t>(p.offsets[nb]) != n) h->last_wrong = 1;
+  local = gpu::block_reduce<kBlock>(local, SumOp(), smem);
+  if (threadIdx.x == 0) {
+    if (local != 0) gpu::atomic_add(&h->invalid_bags, local);
+    gpu::fence_device();
+    s_last = gpu::atomic_inc_ticket(&h->prepare_ticket) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  gpu::fence_device();
+
+  volatile Header* vh = h;
+  const std::int64_t invalid = vh->invalid_bags;
+  const std::int64_t last_wrong = vh->last_wrong;
+  const std::int64_t given_last = p.offsets[nb];
+  if (threadIdx.x == 0) { s_count = 0; s_first = kNone; s_first_start = 0; s_first_end = 0; }
+  __syncthreads();
+
+  if (fatal) {
+    if (invalid == 0 && last_wrong == 0) {
+      // fall through to the boundaries
+    } else {
+      std::int64_t first = kNone;
+      for (std::int64_t b = threadIdx.x; b < nb && first == kNone; b += kBlock)
+        if (bag_invalid(p.offsets[b], p.offsets[b + 1], n)) first = b;
+      const std::int64_t first_bag = gpu::block_reduce<kBlock>(first, MinOp(), smem);
+      if (threadIdx.x == 0) {
+        h->abort = 1;
+        if (p.report != nullptr) {
+          Report* r = p.report;
+          r->offset_repairs = invalid + last_wrong;
+          r->last_offset_value = given_last;
+          r->first_bad_bag = first_bag == kNone ? -1 : first_bag;
+          r->first_bad_bag_start = first_bag == kNone ? 0 : static_cast<std::int64_t>(p.offsets[first_bag]);
+          r->first_bad_bag_end = first_bag == kNone ? 0 : static_cast<std::int64_t>(p.offsets[first_bag + 1]);
+          r->index_violations = 0;
+          r->first_index_pos = -1;
+        }
+      }
+      return;
+    }
+  } else if (invalid != 0 || last_wrong != 0) {
+    repair_offsets(p, smem, &s_count, &s_first, &s_first_start, &s_first_end);
+  }
+
+  for (std::int64_t t = threadIdx.x; t <= p.num_tables; t += kBlock)
+    ws.boundaries[t] = static_cast<std::int64_t>(p.offsets[first_bag_of(p, t)]);
+  if (threadIdx.x == 0) {
+    const std::int64_t repairs = s_count + last_wrong;
+    if (p.mode == kWarning) *p.warning = repairs;
+    if (p.report != nullptr) {
+      Report* r = p.report;
+      r->offset_repairs = repairs;
+      r->last_offset_value = given_last;
+      r->first_bad_bag = s_first == kNone ? -1 : s_first;
+      r->first_bad_bag_start = s_first_start;
+      r->first_bad_bag_end = s_first_end;
+    }
+  }
+}
+
+template <typename index_t, int kVec>
+struct alignas(sizeof(index_t) * kVec) IndexVec {
+  index_t v[kVec];
+};
+
+// Position -> table cursor over the boundaries. Positions a thread visits only increase.
+struct TableCursor {
+  std::int64_t table = -1;
+  std::int64_t end = -1;  // forces a seek on first use
+  std::int64_t rows = 0;
+
+  HIPDLRM_DEVICE void seek(std::int64_t pos, const std::int64_t* boundaries, const std::int64_t* rows_per_table,
+                           std::int64_t num_tables) {
+    // upper bound: first boundary > pos; boundaries[num_tables] == N > pos.
+    std::int64_t lo = 0, hi = num_tables + 1;
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (boundaries[mid] <= pos) lo = mid + 1; else hi = mid;
+    }
+    table = lo - 1;  // -1: before the first table's range, never checked
+    end = boundaries[lo];
+    rows = table >= 0 ? rows_per_table[table] : 0;
+  }
+};
+
+template <typename index_t, int kMode, int kVec, bool kAtomics>
+__global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+  constexpr bool kTrack = kMode != kIgnore;
+  constexpr bool kWrite = kMode != kFatal;
+  constexpr std::int64_t kTile = std::int64_t{kBlock} * kVec * kUnroll;
+  if (kMode == kFatal && *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0) return;
+
+  const std::int64_t n = p.num_indices;
+  std::int64_t* const count_target = kMode == kWarning ? p.warning : &ws.header->scratch_count;
+  TableCursor cur;
+  std::int64_t count = 0, first_pos = kNone, first_value = 0, first_table = 0;
+
+  auto visit = [&](std::int64_t pos, std::int64_t value) {
+    if (pos >= cur.end) cur.seek(pos, ws.boundaries, p.rows_per_table, p.num_tables);
+    const bool bad = cur.table >= 0 && value != -1 && (value < 0 || value >= cur.rows);
+    if (bad) {
+      if constexpr (kWrite) p.indices[pos] = 0;
+      if constexpr (kTrack) {
+        ++count;
+        if constexpr (kAtomics) gpu::atomic_add(count_target, 1);
+        if (first_pos == kNone) { first_pos = pos; first_value = value; first_table = cur.table; }
+      }
+    }
+  };
+
+  for (std::int64_t tile = static_cast<std::int64_t>(blockIdx.x) * kTile; tile < n;
+       tile += static_cast<std::int64_t>(gridDim.x) * kTile) {
+    if (tile + kTile <= n) {
+      IndexVec<index_t, kVec> buf[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        buf[u] = *reinterpret_cast<const IndexVec<index_t, kVec>*>(
+            p.indices + tile + (static_cast<std::int64_t>(u) * kBlock + threadIdx.x) * kVec);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const std::int64_t base = tile + (static_cast<std::int64_t>(u) * kBlock + threadIdx.x) * kVec;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) visit(base + e, static_cast<std::int64_t>(buf[u].v[e]));
+      }
+    } else {
+      for (std::int64_t i = tile + threadIdx.x; i < n; i += kBlock) visit(i, static_cast<std::int64_t>(p.indices[i]));
+    }
+  }
+
+  if constexpr (kTrack) {
+    __shared__ std::int64_t smem[kBlock / 32];
+    __shared__ std::int64_t s_value, s_table;
+    __shared__ bool s_last;
+    const std::int64_t block_count = gpu::block_reduce<kBlock>(count, SumOp(), smem);
+    const std::int64_t block_first = gpu::block_reduce<kBlock>(first_pos, MinOp(), smem);
+    if (block_first != kNone && first_pos == block_first) { s_value = first_value; s_table = first_table; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (!kAtomics && block_count != 0) gpu::atomic_add(count_target, block_count);
+      ws.records[blockIdx.x] = BlockRecord{block_count, block_first, block_first == kNone ? 0 : s_value,
+                                           block_first == kNone ? 0 : s_table};
+      gpu::fence_device();
+      s_last = gpu::atomic_inc_ticket(&ws.header->check_ticket) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    gpu::fence_device();
+
+    std::int64_t total = 0, fpos = kNone, fval = 0, ftab = 0;
+    for (std::int64_t i = threadIdx.x; i < gridDim.x; i += kBlock) {
+      const volatile BlockRecord* r = ws.records + i;
+      total += r->count;
+      const std::int64_t pos = r->pos;
+      if (pos < fpos) { fpos = pos; fval = r->value; ftab = r->table; }
+    }
+    const std::int64_t all = gpu::block_reduce<kBlock>(total, SumOp(), smem);
+    const std::int64_t first = gpu::block_reduce<kBlock>(fpos, MinOp(), smem);
+    if (first != kNone && fpos == first) { s_value = fval; s_table = ftab; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Report* r = p.report;
+      r->index_violations = all;
+      r->first_index_pos = first == kNone ? -1 : first;
+      r->first_index_value = first == kNone ? 0 : s_value;
+      r->first_index_table = first == kNone ? -1 : s_table;
+      std::int64_t bag = -1;
+      if (first != kNone) {
+        // Last bag of the table whose start is <= first (offsets are monotone after pass 1).
+        std::int64_t lo = first_bag_of(p, s_table), hi = first_bag_of(p, s_table + 1);
+        const std::int64_t begin = lo;
+        while (hi - lo > 1) {
+          const std::int64_t mid = (lo + hi) / 2;
+          if (static_cast<std::int64_t>(p.offsets[mid]) <= first) lo = mid; else hi = mid;
+        }
+        bag = lo - begin;
+      }
+      r->first_index_bag = bag;
+      r->first_index_limit = first == kNone ? 0 : p.rows_per_table[s_table];
+    }
+  }
+}
+
+template <typename index_t, int kMode, int kVec>
+void launch_check(const Problem<index_t>& p, const Workspace<index_t>& ws, std::int64_t grid, gpu::stream_t s) {
+  if (p.per_thread_atomics)
+    check_indices_kernel<index_t, kMode, kVec, true><<<static_cast<unsigned>(grid), kBlock, 0, s>>>(p, ws);
+  else
+    check_indices_kernel<index_t, kMode, kVec, false><<<static_cast<unsigned>(grid), kBlock, 0, s>>>(p, ws);
+}
+
+template <typename index_t, int kMode>
+void launch_check_mode(const Problem<index_t>& p, const Workspace<index_t>& ws, std::int64_t grid, gpu::stream_t s) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(p.indices) % 16 == 0;
+  if (aligned)
+    launch_check<index_t, kMode, vector_width<index_t>()>(p, ws, grid, s);
+  else
+    launch_check<index_t, kMode, 1>(p, ws, grid, s);
+}
+
+}  // namespace
+
+template <typename index_t>
+std::size_t workspace_bytes(const Problem<index_t>& p, int multiprocessors) {
+  return static_cast<std::size_t>(sizeof(Header) + round16((p.num_tables + 1) * 8) +
+                                  check_grid(p, multiprocessors) * static_cast<std::int64_t>(sizeof(BlockRecord)));
+}
+
+template <typename index_t>
+gpu::status_t launch(const Problem<index_t>& p, void* workspace, int multiprocessors, gpu::stream_t stream) {
+  auto* base = static_cast<char*>(workspace);
+  Workspace<index_t> ws{reinterpret_cast<Header*>(base),
+                        reinterpret_cast<std::int64_t*>(base + sizeof(Header)),
+                        reinterpret_cast<BlockRecord*>(base + sizeof(Header) + round16((p.num_tables + 1) * 8))};
+  gpu::status_t st = gpu::memset_async(ws.header, 0, sizeof(Header), stream);
+  if (st != gpu::kSuccess) return st;
+
+  const std::int64_t prep_grid = gpu::capped_grid(p.total_bags, std::int64_t{kBlock} * 4, kBlock,
+                                                  resident_blocks(multiprocessors));
+  prepare_offsets_kernel<index_t><<<static_cast<unsigned>(prep_grid), kBlock, 0, stream>>>(p, ws);
+  st = gpu::last_launch_status();
+  if (st != gpu::kSuccess) return st;
+
+  const std::int64_t grid = check_grid(p, multiprocessors);
+  switch (p.mode) {
+    case kFatal: launch_check_mode<index_t, kFatal>(p, ws, grid, stream); break;
+    case kWarning: launch_check_mode<index_t, kWarning>(p, ws, grid, stream); break;
+    default: launch_check_mode<index_t, kIgnore>(p, ws, grid, stream); break;
+  }
+  return gpu::last_launch_status();
+}
+
+template std::size_t workspace_bytes<std::int32_t>(const Problem<std::int32_t>&, int);
+template std::size_t workspace_bytes<std::int64_t>(const Problem<std::int64_t>&, int);
+template gpu::status_t launch<std::int32_t>(const Problem<std::int32_t>&, void*, int, gpu::stream_t);
+template gpu::status_t launch<std::int64_t>(const Problem<std::int64_t>&, void*, int, gpu::stream_t);
+
+}  // namespace bounds_check
+}  // namespace kernels
+}  // namespace hipdlrm

@@ -1,0 +1,17 @@
+"""hipdlrm: DLRM training operators for AMD ROCm and NVIDIA CUDA, as torch.ops.hipdlrm.*.
+
+`import hipdlrm` loads the compiled library (registering every op with the dispatcher), the fake
+kernels used by torch.compile, and the Python API below.
+"""
+import torch  # noqa: F401  (the library links against torch; import it first)
+
+from . import _C  # noqa: F401  (registers torch.ops.hipdlrm.*)
+from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BoundsCheckMode",
+    "bounds_check_indices",
+    "flush_bounds_check_warnings",
+]

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what hipdlrm needs on a fresh Debian machine and builds the extension in place.
+#   scripts/setup.sh          Python side: torch (CPU build unless one is installed), test tools, build
+#   scripts/setup.sh --ci     also the toolchains of the test suite: clang-19/lld-19 with HIP headers,
+#                             rocPRIM and device libraries (AMD compiles), GoogleTest, cmake, ninja
+# Safe to run again: installed pieces are skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+say() { printf '\n[setup] %s\n' "$*"; }
+PY=${PYTHON:-python3}
+
+if [ "${1:-}" = "--ci" ]; then
+  pkgs=(clang-19 lld-19 libamdhip64-dev librocprim-dev rocm-device-libs libgtest-dev)
+  missing=()
+  for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    say "apt-get install ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    say "system packages present (${pkgs[*]})"
+  fi
+  [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null || { echo "[setup] nvcc not found (expected /usr/local/cuda/bin/nvcc)" >&2; exit 1; }
+fi
+
+if ! $PY -c "import torch" >/dev/null 2>&1; then
+  say "pip install torch==2.13.0 (CPU build)"
+  $PY -m pip install -q torch==2.13.0
+else
+  say "torch $($PY -c 'import torch; print(torch.__version__)') already installed"
+fi
+say "pip install test and build tools"
+$PY -m pip install -q pytest numpy expecttest ninja cmake setuptools wheel
+
+say "building hipdlrm (pip install --no-build-isolation -e .)"
+$PY -m pip install -q --no-build-isolation -e .
+$PY -c "import hipdlrm, torch; print('[setup] hipdlrm imported; ops:', sorted(n for n in dir(torch.ops.hipdlrm) if not n.startswith('__'))[:8])"

@@ -1,0 +1,73 @@
+"""Builds hipdlrm._C against the torch that is installed.
+
+- CPU torch: CPU kernels only.
+- CUDA torch (nvcc): CPU + CUDA kernels; targets from TORCH_CUDA_ARCH_LIST (torch's default otherwise).
+- ROCm torch (torch.version.hip): CPU + HIP kernels through hipcc; targets from PYTORCH_ROCM_ARCH,
+  default gfx942;gfx90a;gfx950; rocPRIM provides the device-wide primitives.
+
+HIPDLRM_FORCE_CPU=1 builds the CPU-only library even against a GPU torch.
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils import cpp_extension
+
+import torch
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_ROCM_ARCH = "gfx942;gfx90a;gfx950"
+
+
+def rel(paths):
+    return sorted(os.path.relpath(p, ROOT) for p in paths)
+
+
+def gpu_backend():
+    if os.environ.get("HIPDLRM_FORCE_CPU", "0") not in ("", "0"):
+        return None
+    if torch.version.hip is not None:
+        return "rocm"
+    if torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None:
+        return "cuda"
+    return None
+
+
+def extension():
+    backend = gpu_backend()
+    include_dirs = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
+    # Every .cpp under csrc/ops except the GPU bindings is part of every build.
+    ops = glob.glob(os.path.join(ROOT, "csrc", "ops", "**", "*.cpp"), recursive=True)
+    gpu_bindings = [p for p in ops if p.endswith("_gpu.cpp")]
+    cpu_sources = [p for p in ops if p not in gpu_bindings]
+    kernels = glob.glob(os.path.join(ROOT, "csrc", "kernels", "**", "*.cu"), recursive=True)
+    cxx = ["-O3", "-std=c++17", "-DHIPDLRM_PYTHON_MODULE"]
+    if backend is None:
+        print("hipdlrm: building the CPU-only extension")
+        return cpp_extension.CppExtension(
+            "hipdlrm._C", rel(cpu_sources), include_dirs=include_dirs, extra_compile_args={"cxx": cxx}
+        )
+    if backend == "rocm":
+        os.environ.setdefault("PYTORCH_ROCM_ARCH", DEFAULT_ROCM_ARCH)
+        print(f"hipdlrm: building CPU + HIP kernels for {os.environ['PYTORCH_ROCM_ARCH']}")
+        device_flags = ["-O3", "-std=c++17", "-DHIPDLRM_PYTHON_MODULE"]
+    else:
+        print(f"hipdlrm: building CPU + CUDA kernels (CUDA {torch.version.cuda})")
+        device_flags = ["-O3", "-std=c++17", "-DHIPDLRM_PYTHON_MODULE", "--expt-relaxed-constexpr", "-lineinfo"]
+    return cpp_extension.CUDAExtension(
+        "hipdlrm._C",
+        rel(cpu_sources + gpu_bindings + kernels),
+        include_dirs=include_dirs,
+        extra_compile_args={"cxx": cxx + ["-DHIPDLRM_WITH_GPU"], "nvcc": device_flags + ["-DHIPDLRM_WITH_GPU"]},
+    )
+
+
+setup(
+    name="hipdlrm",
+    version="0.1.0",
+    packages=find_packages("python"),
+    package_dir={"": "python"},
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    zip_safe=False,
+)
