@@ -228,8 +228,8 @@ void act_on_report(const Report& r, Mode mode, const Layout& layout, std::int64_
   if ((r.index_violations == 0 && r.offset_repairs == 0) || quiet()) return;
   std::ostringstream line;
   line << "[hipdlrm] bounds_check_indices (WARNING): " << r.index_violations << " of " << n
-       << " indices out of bounds, set to 0";
-  if (r.index_violations > 0) line << " (first: " << index_msg.str() << ")";
+       << " indices out of bounds";
+  if (r.index_violations > 0) line << ", set to 0 (first: " << index_msg.str() << ")";
   if (r.offset_repairs > 0) {
     line << "; " << r.offset_repairs << " offset problem(s) repaired";
     if (last_wrong) line << " (last offset " << r.last_offset_value << " set to " << n << ")";
