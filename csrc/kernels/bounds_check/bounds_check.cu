@@ -13,6 +13,9 @@
 // cursor on its current table. A wave per bag, as ported kernels do, would leave 50 of 64 lanes idle at
 // the typical bag size of 14.
 //
+// Launch cost: no memset. The cross-block tickets live in a small buffer the caller keeps per stream;
+// each launch's last block returns it to zero.
+//
 // AMD-specific choice: the violation count is reduced in registers, across the wave with shuffles,
 // across the block's waves in LDS, and added to the counter with one atomic per block: on MI300/MI350 a
 // contended global atomic crosses the eight XCDs' private L2s. The first violation is reduced the same
@@ -34,18 +37,25 @@ using gpu::MinOp;
 using gpu::SumOp;
 
 constexpr int kBlock = 256;
-constexpr int kUnroll = 4;            // vectors in flight per thread
-constexpr int kBlocksPerSM = 8;       // residency cap for the grid-stride loops
+constexpr int kUnroll = 8;            // vectors in flight per thread
+constexpr int kMaxBlocksPerSM = 8;    // upper bound of residency, sizes the per-block records
+constexpr int kBagsPerThread = 8;     // offsets pass
 constexpr std::int64_t kNone = LLONG_MAX;
 
-struct Header {
+// Lives across calls (see Counters in bounds_check.h): zero between launches, and every launch leaves it
+// zero again, so no memset precedes the kernels.
+struct Counters {
   unsigned prepare_ticket;
   unsigned check_ticket;
   std::int64_t invalid_bags;   // pass-1 count of locally invalid bags
   std::int64_t last_wrong;     // offsets[total_bags] != num_indices
+};
+static_assert(sizeof(Counters) <= kCountersBytes, "counters outgrew their buffer");
+
+// Per call, written before it is read.
+struct Header {
   std::int64_t abort;          // FATAL with bad offsets: the index pass does nothing
   std::int64_t scratch_count;  // FATAL-mode target of the per-thread-atomic variant
-  std::int64_t pad;
 };
 static_assert(sizeof(Header) % 16 == 0, "header keeps the boundaries 16-byte aligned");
 
@@ -58,6 +68,7 @@ struct BlockRecord {
 
 template <typename index_t>
 struct Workspace {
+  Counters* counters;
   Header* header;
   std::int64_t* boundaries;  // [num_tables + 1]
   BlockRecord* records;      // [check grid]
@@ -65,17 +76,20 @@ struct Workspace {
 
 HIPDLRM_HOST_DEVICE std::int64_t round16(std::int64_t b) { return (b + 15) / 16 * 16; }
 
-std::int64_t resident_blocks(int multiprocessors) {
-  return multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * kBlocksPerSM : 0;
+std::int64_t resident_blocks(int multiprocessors, int per_multiprocessor = kMaxBlocksPerSM) {
+  if (per_multiprocessor <= 0 || per_multiprocessor > kMaxBlocksPerSM) per_multiprocessor = kMaxBlocksPerSM;
+  return multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * per_multiprocessor : 0;
 }
 
 template <typename index_t>
 constexpr int vector_width() { return 16 / static_cast<int>(sizeof(index_t)); }
 
+// Grid of the index pass: as many blocks as are resident at once (per_multiprocessor from the occupancy
+// query; the upper bound when sizing the workspace), fewer when the work is small.
 template <typename index_t>
-std::int64_t check_grid(const Problem<index_t>& p, int multiprocessors) {
+std::int64_t check_grid(const Problem<index_t>& p, int multiprocessors, int per_multiprocessor = kMaxBlocksPerSM) {
   return gpu::capped_grid(p.num_indices, std::int64_t{kBlock} * vector_width<index_t>() * kUnroll, kBlock,
-                          resident_blocks(multiprocessors));
+                          resident_blocks(multiprocessors, per_multiprocessor));
 }
 
 template <typename index_t>
@@ -139,31 +153,51 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
   const std::int64_t n = p.num_indices;
   const std::int64_t nb = p.total_bags;
   const bool fatal = p.mode == kFatal;
-  Header* h = ws.header;
+  Counters* c = ws.counters;
 
+  // Each thread validates kBagsPerThread bags a block apart (coalesced); all their offsets are loaded
+  // before any is used, so the loads are in flight together.
   std::int64_t local = 0;
-  for (std::int64_t b = static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x; b < nb;
-       b += static_cast<std::int64_t>(gridDim.x) * kBlock) {
-    // Outside FATAL the last offset is repaired before any bag is looked at, as on the CPU.
-    const std::int64_t end = (b + 1 == nb && !fatal) ? n : static_cast<std::int64_t>(p.offsets[b + 1]);
-    local += bag_invalid(p.offsets[b], end, n);
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kBlock * kBagsPerThread; base < nb;
+       base += static_cast<std::int64_t>(gridDim.x) * kBlock * kBagsPerThread) {
+    std::int64_t start[kBagsPerThread], end[kBagsPerThread];
+#pragma unroll
+    for (int j = 0; j < kBagsPerThread; ++j) {
+      const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
+      start[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b]) : 0;
+      end[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b + 1]) : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kBagsPerThread; ++j) {
+      const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
+      // Outside FATAL the last offset is repaired before any bag is looked at, as on the CPU.
+      if (b < nb) local += bag_invalid(start[j], (b + 1 == nb && !fatal) ? n : end[j], n);
+    }
   }
-  if (blockIdx.x == 0 && threadIdx.x == 0 && static_cast<std::int64_t>(p.offsets[nb]) != n) h->last_wrong = 1;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && static_cast<std::int64_t>(p.offsets[nb]) != n) c->last_wrong = 1;
   local = gpu::block_reduce<kBlock>(local, SumOp(), smem);
   if (threadIdx.x == 0) {
-    if (local != 0) gpu::atomic_add(&h->invalid_bags, local);
+    if (local != 0) gpu::atomic_add(&c->invalid_bags, local);
     gpu::fence_device();
-    s_last = gpu::atomic_inc_ticket(&h->prepare_ticket) == gridDim.x - 1;
+    s_last = gpu::atomic_inc_ticket(&c->prepare_ticket) == gridDim.x - 1;
   }
   __syncthreads();
   if (!s_last) return;
   gpu::fence_device();
 
-  volatile Header* vh = h;
-  const std::int64_t invalid = vh->invalid_bags;
-  const std::int64_t last_wrong = vh->last_wrong;
+  volatile Counters* vc = c;
+  const std::int64_t invalid = vc->invalid_bags;
+  const std::int64_t last_wrong = vc->last_wrong;
   const std::int64_t given_last = p.offsets[nb];
-  if (threadIdx.x == 0) { s_count = 0; s_first = kNone; s_first_start = 0; s_first_end = 0; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // Every block has counted: leave the counters zero for the next launch.
+    c->invalid_bags = 0;
+    c->last_wrong = 0;
+    c->prepare_ticket = 0;
+    ws.header->abort = 0;
+    s_count = 0; s_first = kNone; s_first_start = 0; s_first_end = 0;
+  }
   __syncthreads();
 
   if (fatal) {
@@ -175,7 +209,7 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
         if (bag_invalid(p.offsets[b], p.offsets[b + 1], n)) first = b;
       const std::int64_t first_bag = gpu::block_reduce<kBlock>(first, MinOp(), smem);
       if (threadIdx.x == 0) {
-        h->abort = 1;
+        ws.header->abort = 1;
         if (p.report != nullptr) {
           Report* r = p.report;
           r->offset_repairs = invalid + last_wrong;
@@ -234,6 +268,26 @@ struct TableCursor {
   }
 };
 
+// Bag (within table t) holding position pos: the last bag of t whose start is <= pos (offsets are monotone
+// after the offsets pass). A kBlock-ary search by the whole block: two or three dependent rounds of loads
+// for any realistic batch, where a binary search by one thread would take ~log2(B) of them.
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, std::int64_t pos, std::int64_t* smem) {
+  const std::int64_t begin = first_bag_of(p, t);
+  std::int64_t lo = begin, hi = first_bag_of(p, t + 1);  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const std::int64_t step = gpu::ceil_div(hi - lo, kBlock);
+    const std::int64_t probe = lo + static_cast<std::int64_t>(threadIdx.x) * step;
+    const bool le = probe < hi && static_cast<std::int64_t>(p.offsets[probe]) <= pos;
+    // Probes are increasing and offsets monotone, so the "<=" probes form a prefix of the threads.
+    const std::int64_t count = gpu::block_reduce<kBlock>(std::int64_t{le}, SumOp(), smem);
+    const std::int64_t new_lo = lo + (count - 1) * step;
+    hi = new_lo + step < hi ? new_lo + step : hi;
+    lo = new_lo;
+  }
+  return lo - begin;
+}
+
 template <typename index_t, int kMode, int kVec, bool kAtomics>
 __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
   constexpr bool kTrack = kMode != kIgnore;
@@ -248,7 +302,9 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
 
   auto visit = [&](std::int64_t pos, std::int64_t value) {
     if (pos >= cur.end) cur.seek(pos, ws.boundaries, p.rows_per_table, p.num_tables);
-    const bool bad = cur.table >= 0 && value != -1 && (value < 0 || value >= cur.rows);
+    // Out of [0, rows) is one unsigned compare; -1 (pruned) is the one negative value allowed.
+    const bool bad = cur.table >= 0 && static_cast<std::uint64_t>(value) >= static_cast<std::uint64_t>(cur.rows) &&
+                     value != -1;
     if (bad) {
       if constexpr (kWrite) p.indices[pos] = 0;
       if constexpr (kTrack) {
@@ -291,11 +347,12 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       ws.records[blockIdx.x] = BlockRecord{block_count, block_first, block_first == kNone ? 0 : s_value,
                                            block_first == kNone ? 0 : s_table};
       gpu::fence_device();
-      s_last = gpu::atomic_inc_ticket(&ws.header->check_ticket) == gridDim.x - 1;
+      s_last = gpu::atomic_inc_ticket(&ws.counters->check_ticket) == gridDim.x - 1;
     }
     __syncthreads();
     if (!s_last) return;
     gpu::fence_device();
+    if (threadIdx.x == 0) ws.counters->check_ticket = 0;  // every block has arrived
 
     std::int64_t total = 0, fpos = kNone, fval = 0, ftab = 0;
     for (std::int64_t i = threadIdx.x; i < gridDim.x; i += kBlock) {
@@ -308,44 +365,41 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     const std::int64_t first = gpu::block_reduce<kBlock>(fpos, MinOp(), smem);
     if (first != kNone && fpos == first) { s_value = fval; s_table = ftab; }
     __syncthreads();
+    const std::int64_t bag = first == kNone ? -1 : find_bag(p, s_table, first, smem);
     if (threadIdx.x == 0) {
       Report* r = p.report;
       r->index_violations = all;
       r->first_index_pos = first == kNone ? -1 : first;
       r->first_index_value = first == kNone ? 0 : s_value;
       r->first_index_table = first == kNone ? -1 : s_table;
-      std::int64_t bag = -1;
-      if (first != kNone) {
-        // Last bag of the table whose start is <= first (offsets are monotone after pass 1).
-        std::int64_t lo = first_bag_of(p, s_table), hi = first_bag_of(p, s_table + 1);
-        const std::int64_t begin = lo;
-        while (hi - lo > 1) {
-          const std::int64_t mid = (lo + hi) / 2;
-          if (static_cast<std::int64_t>(p.offsets[mid]) <= first) lo = mid; else hi = mid;
-        }
-        bag = lo - begin;
-      }
       r->first_index_bag = bag;
       r->first_index_limit = first == kNone ? 0 : p.rows_per_table[s_table];
     }
   }
 }
 
+template <typename index_t, int kMode, int kVec, bool kAtomics>
+void launch_resident(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
+  constexpr auto kernel = check_indices_kernel<index_t, kMode, kVec, kAtomics>;
+  static const int per_sm = gpu::resident_blocks_per_multiprocessor(kernel, kBlock);  // queried once
+  kernel<<<static_cast<unsigned>(check_grid(p, multiprocessors, per_sm)), kBlock, 0, s>>>(p, ws);
+}
+
 template <typename index_t, int kMode, int kVec>
-void launch_check(const Problem<index_t>& p, const Workspace<index_t>& ws, std::int64_t grid, gpu::stream_t s) {
+void launch_check(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
   if (p.per_thread_atomics)
-    check_indices_kernel<index_t, kMode, kVec, true><<<static_cast<unsigned>(grid), kBlock, 0, s>>>(p, ws);
+    launch_resident<index_t, kMode, kVec, true>(p, ws, multiprocessors, s);
   else
-    check_indices_kernel<index_t, kMode, kVec, false><<<static_cast<unsigned>(grid), kBlock, 0, s>>>(p, ws);
+    launch_resident<index_t, kMode, kVec, false>(p, ws, multiprocessors, s);
 }
 
 template <typename index_t, int kMode>
-void launch_check_mode(const Problem<index_t>& p, const Workspace<index_t>& ws, std::int64_t grid, gpu::stream_t s) {
+void launch_check_mode(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
   const bool aligned = reinterpret_cast<std::uintptr_t>(p.indices) % 16 == 0;
   if (aligned)
-    launch_check<index_t, kMode, vector_width<index_t>()>(p, ws, grid, s);
+    launch_check<index_t, kMode, vector_width<index_t>()>(p, ws, multiprocessors, s);
   else
-    launch_check<index_t, kMode, 1>(p, ws, grid, s);
+    launch_check<index_t, kMode, 1>(p, ws, multiprocessors, s);
 }
 
 }  // namespace
@@ -357,33 +411,32 @@ std::size_t workspace_bytes(const Problem<index_t>& p, int multiprocessors) {
 }
 
 template <typename index_t>
-gpu::status_t launch(const Problem<index_t>& p, void* workspace, int multiprocessors, gpu::stream_t stream) {
+gpu::status_t launch(const Problem<index_t>& p, void* workspace, void* counters, int multiprocessors,
+                     gpu::stream_t stream) {
   auto* base = static_cast<char*>(workspace);
-  Workspace<index_t> ws{reinterpret_cast<Header*>(base),
+  Workspace<index_t> ws{static_cast<Counters*>(counters), reinterpret_cast<Header*>(base),
                         reinterpret_cast<std::int64_t*>(base + sizeof(Header)),
                         reinterpret_cast<BlockRecord*>(base + sizeof(Header) + round16((p.num_tables + 1) * 8))};
-  gpu::status_t st = gpu::memset_async(ws.header, 0, sizeof(Header), stream);
-  if (st != gpu::kSuccess) return st;
+  gpu::status_t st;
 
-  const std::int64_t prep_grid = gpu::capped_grid(p.total_bags, std::int64_t{kBlock} * 4, kBlock,
+  const std::int64_t prep_grid = gpu::capped_grid(p.total_bags, std::int64_t{kBlock} * kBagsPerThread, kBlock,
                                                   resident_blocks(multiprocessors));
   prepare_offsets_kernel<index_t><<<static_cast<unsigned>(prep_grid), kBlock, 0, stream>>>(p, ws);
   st = gpu::last_launch_status();
   if (st != gpu::kSuccess) return st;
 
-  const std::int64_t grid = check_grid(p, multiprocessors);
   switch (p.mode) {
-    case kFatal: launch_check_mode<index_t, kFatal>(p, ws, grid, stream); break;
-    case kWarning: launch_check_mode<index_t, kWarning>(p, ws, grid, stream); break;
-    default: launch_check_mode<index_t, kIgnore>(p, ws, grid, stream); break;
+    case kFatal: launch_check_mode<index_t, kFatal>(p, ws, multiprocessors, stream); break;
+    case kWarning: launch_check_mode<index_t, kWarning>(p, ws, multiprocessors, stream); break;
+    default: launch_check_mode<index_t, kIgnore>(p, ws, multiprocessors, stream); break;
   }
   return gpu::last_launch_status();
 }
 
 template std::size_t workspace_bytes<std::int32_t>(const Problem<std::int32_t>&, int);
 template std::size_t workspace_bytes<std::int64_t>(const Problem<std::int64_t>&, int);
-template gpu::status_t launch<std::int32_t>(const Problem<std::int32_t>&, void*, int, gpu::stream_t);
-template gpu::status_t launch<std::int64_t>(const Problem<std::int64_t>&, void*, int, gpu::stream_t);
+template gpu::status_t launch<std::int32_t>(const Problem<std::int32_t>&, void*, void*, int, gpu::stream_t);
+template gpu::status_t launch<std::int64_t>(const Problem<std::int64_t>&, void*, void*, int, gpu::stream_t);
 
 }  // namespace bounds_check
 }  // namespace kernels

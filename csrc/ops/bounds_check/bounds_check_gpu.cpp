@@ -9,7 +9,9 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <deque>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "../../kernels/bounds_check/bounds_check.h"
 #include "bounds_check.h"
@@ -124,6 +126,17 @@ class ReportRing {
 
 void flush_reports() { ReportRing::instance().drain(true); }
 
+// The kernels' cross-block counters, one zeroed buffer per (device, stream), kept for the process (never
+// destroyed: a CUDA tensor must not outlive the allocator at exit).
+void* counters_for(const at::Tensor& like, cudaStream_t stream) {
+  static std::mutex mu;
+  static auto* buffers = new std::map<std::pair<int, cudaStream_t>, at::Tensor>();
+  std::lock_guard<std::mutex> lock(mu);
+  at::Tensor& buf = (*buffers)[{like.get_device(), stream}];
+  if (!buf.defined()) buf = at::zeros({static_cast<std::int64_t>(kbc::kCountersBytes)}, like.options().dtype(at::kByte));
+  return buf.data_ptr();
+}
+
 const bool kFlushHookRegistered = [] {
   set_flush_hook(&flush_reports);
   return true;
@@ -156,7 +169,7 @@ void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const 
     p.per_thread_atomics = per_thread_atomics;
     const auto bytes = static_cast<std::int64_t>(kbc::workspace_bytes(p, sms));
     const at::Tensor workspace = at::empty({bytes}, indices.options().dtype(at::kByte));
-    check_status(kbc::launch(p, workspace.data_ptr(), sms, stream), "kernel launch");
+    check_status(kbc::launch(p, workspace.data_ptr(), counters_for(indices, stream), sms, stream), "kernel launch");
   });
 
   if (m == kbc::kFatal) {

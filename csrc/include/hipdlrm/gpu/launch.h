@@ -14,7 +14,7 @@ namespace gpu {
 constexpr std::int64_t kMaxThreadsPerLaunch = (std::int64_t{1} << 32) - 1;
 constexpr std::int64_t kMaxGridX = (std::int64_t{1} << 31) - 1;
 
-inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+constexpr std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // Blocks for `work_items` items when one block covers `items_per_block` per pass: enough to cover the
 // work in one pass, but never more than `resident_blocks` (0 = no residency cap) nor what HIP accepts.

@@ -106,6 +106,22 @@ inline int current_device() {
 #define HIPDLRM_DEVICE __device__ __forceinline__
 #define HIPDLRM_HOST_DEVICE __host__ __device__ __forceinline__
 
+// Blocks of `kernel` that fit on one multiprocessor at once (0 if the query fails). Launchers of
+// grid-stride kernels size their grid from this rather than from a guess: a grid larger than what is
+// resident runs in uneven waves of blocks.
+template <typename Kernel>
+inline int resident_blocks_per_multiprocessor(Kernel kernel, int block_threads, std::size_t dynamic_smem = 0) {
+  int n = 0;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  if (hipOccupancyMaxActiveBlocksPerMultiprocessor(&n, reinterpret_cast<const void*>(kernel), block_threads,
+                                                   dynamic_smem) != hipSuccess)
+    n = 0;
+#else
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, block_threads, dynamic_smem) != cudaSuccess) n = 0;
+#endif
+  return n;
+}
+
 HIPDLRM_DEVICE int lane_id() { return static_cast<int>(threadIdx.x) & (kWaveSize - 1); }
 HIPDLRM_DEVICE int wave_id() { return static_cast<int>(threadIdx.x) / kWaveSize; }
 
