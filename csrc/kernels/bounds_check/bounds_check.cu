@@ -7,9 +7,9 @@
 // (derivation in docs/bounds_check.md), so the common valid case costs one read of the offsets.
 //
 // Thread mapping: two kernels. (1) prepare_offsets: one thread per bag validates offsets; the last block
-// to finish repairs them (only when something is wrong) and writes the T+1 table boundaries. (2)
-// check_indices: indices are checked flat, not bag by bag: after (1), table t owns the contiguous range
-// [boundary[t], boundary[t+1]), so each thread streams 16-byte vectors across bag boundaries with a
+// to finish repairs them, only when something is wrong. (2) check_indices: indices are checked flat,
+// not bag by bag: after (1), table t owns the contiguous range [offsets[first bag of t], offsets[first
+// bag of t+1]), so each thread streams 16-byte vectors across bag boundaries with a
 // cursor on its current table. A wave per bag, as ported kernels do, would leave 50 of 64 lanes idle at
 // the typical bag size of 14.
 //
@@ -52,12 +52,19 @@ struct Counters {
 };
 static_assert(sizeof(Counters) <= kCountersBytes, "counters outgrew their buffer");
 
-// Per call, written before it is read.
+// Per call, written before it is read. The offsets pass leaves its findings here and the index pass
+// forwards them into the Report, so the host-mapped Report is written once, at the very end.
 struct Header {
   std::int64_t abort;          // FATAL with bad offsets: the index pass does nothing
   std::int64_t scratch_count;  // FATAL-mode target of the per-thread-atomic variant
+  std::int64_t offset_repairs;
+  std::int64_t last_offset_value;
+  std::int64_t first_bad_bag;
+  std::int64_t first_bad_bag_start;
+  std::int64_t first_bad_bag_end;
+  std::int64_t pad;
 };
-static_assert(sizeof(Header) % 16 == 0, "header keeps the boundaries 16-byte aligned");
+static_assert(sizeof(Header) % 16 == 0, "header keeps the records 16-byte aligned");
 
 struct BlockRecord {
   std::int64_t count;
@@ -70,11 +77,9 @@ template <typename index_t>
 struct Workspace {
   Counters* counters;
   Header* header;
-  std::int64_t* boundaries;  // [num_tables + 1]
   BlockRecord* records;      // [check grid]
 };
 
-HIPDLRM_HOST_DEVICE std::int64_t round16(std::int64_t b) { return (b + 15) / 16 * 16; }
 
 std::int64_t resident_blocks(int multiprocessors, int per_multiprocessor = kMaxBlocksPerSM) {
   if (per_multiprocessor <= 0 || per_multiprocessor > kMaxBlocksPerSM) per_multiprocessor = kMaxBlocksPerSM;
@@ -188,7 +193,6 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
   volatile Counters* vc = c;
   const std::int64_t invalid = vc->invalid_bags;
   const std::int64_t last_wrong = vc->last_wrong;
-  const std::int64_t given_last = p.offsets[nb];
   __syncthreads();
   if (threadIdx.x == 0) {
     // Every block has counted: leave the counters zero for the next launch.
@@ -202,7 +206,7 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
 
   if (fatal) {
     if (invalid == 0 && last_wrong == 0) {
-      // fall through to the boundaries
+      // valid: nothing to repair
     } else {
       std::int64_t first = kNone;
       for (std::int64_t b = threadIdx.x; b < nb && first == kNone; b += kBlock)
@@ -213,7 +217,7 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
         if (p.report != nullptr) {
           Report* r = p.report;
           r->offset_repairs = invalid + last_wrong;
-          r->last_offset_value = given_last;
+          r->last_offset_value = p.offsets[nb];
           r->first_bad_bag = first_bag == kNone ? -1 : first_bag;
           r->first_bad_bag_start = first_bag == kNone ? 0 : static_cast<std::int64_t>(p.offsets[first_bag]);
           r->first_bad_bag_end = first_bag == kNone ? 0 : static_cast<std::int64_t>(p.offsets[first_bag + 1]);
@@ -223,23 +227,20 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
       }
       return;
     }
-  } else if (invalid != 0 || last_wrong != 0) {
-    repair_offsets(p, smem, &s_count, &s_first, &s_first_start, &s_first_end);
   }
-
-  for (std::int64_t t = threadIdx.x; t <= p.num_tables; t += kBlock)
-    ws.boundaries[t] = static_cast<std::int64_t>(p.offsets[first_bag_of(p, t)]);
+  const std::int64_t given_last = p.offsets[nb];
+  __syncthreads();
+  if (!fatal && (invalid != 0 || last_wrong != 0))
+    repair_offsets(p, smem, &s_count, &s_first, &s_first_start, &s_first_end);
   if (threadIdx.x == 0) {
     const std::int64_t repairs = s_count + last_wrong;
     if (p.mode == kWarning) *p.warning = repairs;
-    if (p.report != nullptr) {
-      Report* r = p.report;
-      r->offset_repairs = repairs;
-      r->last_offset_value = given_last;
-      r->first_bad_bag = s_first == kNone ? -1 : s_first;
-      r->first_bad_bag_start = s_first_start;
-      r->first_bad_bag_end = s_first_end;
-    }
+    Header* h = ws.header;
+    h->offset_repairs = repairs;
+    h->last_offset_value = given_last;
+    h->first_bad_bag = s_first == kNone ? -1 : s_first;
+    h->first_bad_bag_start = s_first_start;
+    h->first_bad_bag_end = s_first_end;
   }
 }
 
@@ -248,23 +249,24 @@ struct alignas(sizeof(index_t) * kVec) IndexVec {
   index_t v[kVec];
 };
 
-// Position -> table cursor over the boundaries. Positions a thread visits only increase.
+// Position -> table cursor. Table t's range starts at boundary(t) = offsets[first bag of t] (valid or
+// repaired by the offsets pass; boundary(T) = N). Positions a thread visits only increase.
 struct TableCursor {
   std::int64_t table = -1;
   std::int64_t end = -1;  // forces a seek on first use
   std::int64_t rows = 0;
 
-  HIPDLRM_DEVICE void seek(std::int64_t pos, const std::int64_t* boundaries, const std::int64_t* rows_per_table,
-                           std::int64_t num_tables) {
-    // upper bound: first boundary > pos; boundaries[num_tables] == N > pos.
-    std::int64_t lo = 0, hi = num_tables + 1;
+  template <typename index_t>
+  HIPDLRM_DEVICE void seek(std::int64_t pos, const Problem<index_t>& p) {
+    auto boundary = [&](std::int64_t t) { return static_cast<std::int64_t>(p.offsets[first_bag_of(p, t)]); };
+    std::int64_t lo = 0, hi = p.num_tables + 1;  // first t with boundary(t) > pos; boundary(T) = N > pos
     while (lo < hi) {
       const std::int64_t mid = (lo + hi) / 2;
-      if (boundaries[mid] <= pos) lo = mid + 1; else hi = mid;
+      if (boundary(mid) <= pos) lo = mid + 1; else hi = mid;
     }
     table = lo - 1;  // -1: before the first table's range, never checked
-    end = boundaries[lo];
-    rows = table >= 0 ? rows_per_table[table] : 0;
+    end = boundary(lo);
+    rows = table >= 0 ? p.rows_per_table[table] : 0;
   }
 };
 
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   std::int64_t count = 0, first_pos = kNone, first_value = 0, first_table = 0;
 
   auto visit = [&](std::int64_t pos, std::int64_t value) {
-    if (pos >= cur.end) cur.seek(pos, ws.boundaries, p.rows_per_table, p.num_tables);
+    if (pos >= cur.end) cur.seek(pos, p);
     // Out of [0, rows) is one unsigned compare; -1 (pruned) is the one negative value allowed.
     const bool bad = cur.table >= 0 && static_cast<std::uint64_t>(value) >= static_cast<std::uint64_t>(cur.rows) &&
                      value != -1;
@@ -374,6 +376,12 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       r->first_index_table = first == kNone ? -1 : s_table;
       r->first_index_bag = bag;
       r->first_index_limit = first == kNone ? 0 : p.rows_per_table[s_table];
+      const Header* h = ws.header;
+      r->offset_repairs = h->offset_repairs;
+      r->last_offset_value = h->last_offset_value;
+      r->first_bad_bag = h->first_bad_bag;
+      r->first_bad_bag_start = h->first_bad_bag_start;
+      r->first_bad_bag_end = h->first_bad_bag_end;
     }
   }
 }
@@ -406,7 +414,7 @@ void launch_check_mode(const Problem<index_t>& p, const Workspace<index_t>& ws, 
 
 template <typename index_t>
 std::size_t workspace_bytes(const Problem<index_t>& p, int multiprocessors) {
-  return static_cast<std::size_t>(sizeof(Header) + round16((p.num_tables + 1) * 8) +
+  return static_cast<std::size_t>(sizeof(Header) +
                                   check_grid(p, multiprocessors) * static_cast<std::int64_t>(sizeof(BlockRecord)));
 }
 
@@ -415,8 +423,7 @@ gpu::status_t launch(const Problem<index_t>& p, void* workspace, void* counters,
                      gpu::stream_t stream) {
   auto* base = static_cast<char*>(workspace);
   Workspace<index_t> ws{static_cast<Counters*>(counters), reinterpret_cast<Header*>(base),
-                        reinterpret_cast<std::int64_t*>(base + sizeof(Header)),
-                        reinterpret_cast<BlockRecord*>(base + sizeof(Header) + round16((p.num_tables + 1) * 8))};
+                        reinterpret_cast<BlockRecord*>(base + sizeof(Header))};
   gpu::status_t st;
 
   const std::int64_t prep_grid = gpu::capped_grid(p.total_bags, std::int64_t{kBlock} * kBagsPerThread, kBlock,
