@@ -159,6 +159,9 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
   const std::int64_t nb = p.total_bags;
   const bool fatal = p.mode == kFatal;
   Counters* c = ws.counters;
+  // The index pass may start now: until its grid_dependency_wait() it only loads indices, which this
+  // kernel never writes.
+  gpu::allow_dependent_launch();
 
   // Each thread validates kBagsPerThread bags a block apart (coalesced); all their offsets are loaded
   // before any is used, so the loads are in flight together.
@@ -278,7 +281,7 @@ HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, 
   const std::int64_t begin = first_bag_of(p, t);
   std::int64_t lo = begin, hi = first_bag_of(p, t + 1);  // answer in [lo, hi)
   while (hi - lo > 1) {
-    const std::int64_t step = gpu::ceil_div(hi - lo, kBlock);
+    const std::int64_t step = (hi - lo + kBlock - 1) / kBlock;
     const std::int64_t probe = lo + static_cast<std::int64_t>(threadIdx.x) * step;
     const bool le = probe < hi && static_cast<std::int64_t>(p.offsets[probe]) <= pos;
     // Probes are increasing and offsets monotone, so the "<=" probes form a prefix of the threads.
@@ -295,8 +298,6 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   constexpr bool kTrack = kMode != kIgnore;
   constexpr bool kWrite = kMode != kFatal;
   constexpr std::int64_t kTile = std::int64_t{kBlock} * kVec * kUnroll;
-  if (kMode == kFatal && *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0) return;
-
   const std::int64_t n = p.num_indices;
   std::int64_t* const count_target = kMode == kWarning ? p.warning : &ws.header->scratch_count;
   TableCursor cur;
@@ -317,6 +318,17 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     }
   };
 
+  // Launched as a dependent of the offsets pass: the first tile's loads are issued before waiting for
+  // it (they hide its tail and this kernel's launch); offsets, indices writes and the header only after.
+  bool waited = false;
+  auto wait_for_offsets_pass = [&]() -> bool {
+    if (!waited) {
+      gpu::grid_dependency_wait();
+      waited = true;
+    }
+    return kMode == kFatal && *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0;
+  };
+
   for (std::int64_t tile = static_cast<std::int64_t>(blockIdx.x) * kTile; tile < n;
        tile += static_cast<std::int64_t>(gridDim.x) * kTile) {
     if (tile + kTile <= n) {
@@ -325,6 +337,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       for (int u = 0; u < kUnroll; ++u)
         buf[u] = *reinterpret_cast<const IndexVec<index_t, kVec>*>(
             p.indices + tile + (static_cast<std::int64_t>(u) * kBlock + threadIdx.x) * kVec);
+      if (!waited && wait_for_offsets_pass()) return;
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const std::int64_t base = tile + (static_cast<std::int64_t>(u) * kBlock + threadIdx.x) * kVec;
@@ -332,9 +345,11 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
         for (int e = 0; e < kVec; ++e) visit(base + e, static_cast<std::int64_t>(buf[u].v[e]));
       }
     } else {
+      if (!waited && wait_for_offsets_pass()) return;
       for (std::int64_t i = tile + threadIdx.x; i < n; i += kBlock) visit(i, static_cast<std::int64_t>(p.indices[i]));
     }
   }
+  if (!waited && wait_for_offsets_pass()) return;
 
   if constexpr (kTrack) {
     __shared__ std::int64_t smem[kBlock / 32];
@@ -387,27 +402,25 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
 }
 
 template <typename index_t, int kMode, int kVec, bool kAtomics>
-void launch_resident(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
+gpu::status_t launch_resident(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
   constexpr auto kernel = check_indices_kernel<index_t, kMode, kVec, kAtomics>;
   static const int per_sm = gpu::resident_blocks_per_multiprocessor(kernel, kBlock);  // queried once
-  kernel<<<static_cast<unsigned>(check_grid(p, multiprocessors, per_sm)), kBlock, 0, s>>>(p, ws);
+  return gpu::launch_dependent(kernel, static_cast<unsigned>(check_grid(p, multiprocessors, per_sm)), kBlock, s, p, ws);
 }
 
 template <typename index_t, int kMode, int kVec>
-void launch_check(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
-  if (p.per_thread_atomics)
-    launch_resident<index_t, kMode, kVec, true>(p, ws, multiprocessors, s);
-  else
-    launch_resident<index_t, kMode, kVec, false>(p, ws, multiprocessors, s);
+gpu::status_t launch_check(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors,
+                           gpu::stream_t s) {
+  return p.per_thread_atomics ? launch_resident<index_t, kMode, kVec, true>(p, ws, multiprocessors, s)
+                              : launch_resident<index_t, kMode, kVec, false>(p, ws, multiprocessors, s);
 }
 
 template <typename index_t, int kMode>
-void launch_check_mode(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
+gpu::status_t launch_check_mode(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors,
+                                gpu::stream_t s) {
   const bool aligned = reinterpret_cast<std::uintptr_t>(p.indices) % 16 == 0;
-  if (aligned)
-    launch_check<index_t, kMode, vector_width<index_t>()>(p, ws, multiprocessors, s);
-  else
-    launch_check<index_t, kMode, 1>(p, ws, multiprocessors, s);
+  return aligned ? launch_check<index_t, kMode, vector_width<index_t>()>(p, ws, multiprocessors, s)
+                 : launch_check<index_t, kMode, 1>(p, ws, multiprocessors, s);
 }
 
 }  // namespace
@@ -433,11 +446,10 @@ gpu::status_t launch(const Problem<index_t>& p, void* workspace, void* counters,
   if (st != gpu::kSuccess) return st;
 
   switch (p.mode) {
-    case kFatal: launch_check_mode<index_t, kFatal>(p, ws, multiprocessors, stream); break;
-    case kWarning: launch_check_mode<index_t, kWarning>(p, ws, multiprocessors, stream); break;
-    default: launch_check_mode<index_t, kIgnore>(p, ws, multiprocessors, stream); break;
+    case kFatal: return launch_check_mode<index_t, kFatal>(p, ws, multiprocessors, stream);
+    case kWarning: return launch_check_mode<index_t, kWarning>(p, ws, multiprocessors, stream);
+    default: return launch_check_mode<index_t, kIgnore>(p, ws, multiprocessors, stream);
   }
-  return gpu::last_launch_status();
 }
 
 template std::size_t workspace_bytes<std::int32_t>(const Problem<std::int32_t>&, int);
