@@ -14,6 +14,7 @@ import json
 import platform
 import shlex
 import statistics
+import os
 import subprocess
 import sys
 import time
@@ -130,6 +131,9 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int | None = None, iters: i
 
 
 def _git_revision() -> str | None:
+    """HEAD of the checkout; HIPDLRM_GIT_REVISION names it where the tree was copied without .git."""
+    if os.environ.get("HIPDLRM_GIT_REVISION"):
+        return os.environ["HIPDLRM_GIT_REVISION"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=BENCH_DIR, capture_output=True, text=True, timeout=10, check=True
