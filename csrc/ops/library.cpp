@@ -3,9 +3,11 @@
 #include <torch/library.h>
 
 #include "bounds_check/bounds_check.h"
+#include "group_index_select/group_index_select.h"
 
 TORCH_LIBRARY(hipdlrm, m) {
   hipdlrm::ops::bounds_check::define(m);
+  hipdlrm::ops::group_index_select::define(m);
 }
 
 #if defined(HIPDLRM_PYTHON_MODULE)

@@ -1,0 +1,122 @@
+// Device helpers shared by the group_index_select kernels: the raw vector type, index loads, the task
+// -> member lookup, and the per-member dispatch on (lane-group width, vector bytes).
+#pragma once
+
+#include <type_traits>
+
+#include "group_index_select.h"
+#include "group_index_select_plan.h"
+#include "hipdlrm/gpu/launch.h"
+#include "hipdlrm/gpu/memory.h"
+#include "hipdlrm/gpu/platform.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace group_index_select {
+
+constexpr int kBlock = 256;
+constexpr int kBlocksPerSM = 8;  // residency cap of the grid-stride loops
+constexpr int kUnroll = 4;       // independent loads in flight per lane
+
+inline std::int64_t resident_blocks(const LaunchConfig& cfg) {
+  return cfg.multiprocessors > 0 ? static_cast<std::int64_t>(cfg.multiprocessors) * kBlocksPerSM : 0;
+}
+
+// Blocks for `tasks` wave-sized tasks, as many per block as the block has waves.
+inline std::int64_t task_grid(std::int64_t tasks, const LaunchConfig& cfg) {
+  const int waves_per_block = cfg.wave_size > 0 ? std::max(kBlock / cfg.wave_size, 1) : 1;
+  return gpu::capped_grid(tasks, waves_per_block, kBlock, resident_blocks(cfg));
+}
+
+inline const Member* members_of(const void* descriptors) {
+  return reinterpret_cast<const Member*>(static_cast<const unsigned char*>(descriptors) + sizeof(Header));
+}
+
+#if defined(HIPDLRM_DEVICE_CODE)
+
+// VB raw bytes, aligned to VB so that one access is one vector load or store.
+template <int VB>
+struct alignas(VB) Chunk {
+  using word_t = typename std::conditional<(VB >= 4), std::uint32_t, std::uint16_t>::type;
+  word_t w[VB / sizeof(word_t)];
+};
+
+template <int VB>
+HIPDLRM_DEVICE Chunk<VB> load_chunk(const unsigned char* p) {
+  return gpu::load_global(reinterpret_cast<const Chunk<VB>*>(p));
+}
+template <int VB>
+HIPDLRM_DEVICE void store_chunk(unsigned char* p, const Chunk<VB>& v) {
+  gpu::store_global(reinterpret_cast<Chunk<VB>*>(p), v);
+}
+
+HIPDLRM_DEVICE std::int64_t load_index(const Member& m, std::int64_t i) {
+  return m.index_bytes == 8 ? gpu::load_global(static_cast<const std::int64_t*>(m.indices) + i)
+                            : static_cast<std::int64_t>(gpu::load_global(static_cast<const std::int32_t*>(m.indices) + i));
+}
+
+HIPDLRM_DEVICE bool row_in_range(std::int64_t row, std::int64_t num_rows) {
+  return static_cast<std::uint64_t>(row) < static_cast<std::uint64_t>(num_rows);
+}
+
+// Global item (task, fill task or position) -> owning member, for items visited in increasing order:
+// a binary search only when the item leaves the current member's range. Members with an empty range
+// share their begin with the next member, so the last member whose begin is <= item owns it.
+template <std::int64_t Member::*Begin, std::int64_t Member::*Count>
+struct MemberCursor {
+  int k = 0;
+  std::int64_t begin = 0;
+  std::int64_t end = 0;
+
+  HIPDLRM_DEVICE void seek(const Member* members, int n, std::int64_t item) {
+    if (item >= begin && item < end) return;
+    int lo = 0, hi = n;
+    while (lo < hi) {
+      const int mid = (lo + hi) / 2;
+      if (members[mid].*Begin <= item) lo = mid + 1; else hi = mid;
+    }
+    k = lo - 1;
+    begin = members[k].*Begin;
+    end = begin + members[k].*Count;
+  }
+};
+
+// Global wave id and wave count of a grid of kBlock-thread blocks.
+HIPDLRM_DEVICE std::int64_t global_wave() {
+  return (static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x) / gpu::kWaveSize;
+}
+HIPDLRM_DEVICE std::int64_t wave_count() { return static_cast<std::int64_t>(gridDim.x) * (kBlock / gpu::kWaveSize); }
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+template <int G, int MinVB, typename F>
+HIPDLRM_DEVICE void with_vec(int vec_bytes, F&& f) {
+  switch (vec_bytes) {
+    case 16: if constexpr (MinVB <= 16) f(Int<G>{}, Int<16>{}); break;
+    case 8: if constexpr (MinVB <= 8) f(Int<G>{}, Int<8>{}); break;
+    case 4: if constexpr (MinVB <= 4) f(Int<G>{}, Int<4>{}); break;
+    case 2: if constexpr (MinVB <= 2) f(Int<G>{}, Int<2>{}); break;
+    default: break;
+  }
+}
+
+// Calls f(Int<group_width>, Int<vec_bytes>) for the member's shape; vectors narrower than MinVB (one
+// element) are never planned. The 64-lane group exists only where the wave has 64 lanes. The values are
+// the same for the whole wave (one task), so the switch never diverges.
+template <int MinVB, typename F>
+HIPDLRM_DEVICE void with_shape(int group_width, int vec_bytes, F&& f) {
+  switch (group_width) {
+    case 8: with_vec<8, MinVB>(vec_bytes, f); break;
+    case 16: with_vec<16, MinVB>(vec_bytes, f); break;
+    case 32: with_vec<32, MinVB>(vec_bytes, f); break;
+    case 64: if constexpr (gpu::kWaveSize >= 64) with_vec<64, MinVB>(vec_bytes, f); break;
+    default: break;
+  }
+}
+
+#endif  // HIPDLRM_DEVICE_CODE
+
+}  // namespace group_index_select
+}  // namespace kernels
+}  // namespace hipdlrm
