@@ -149,11 +149,11 @@ HIPDLRM_DEVICE void scatter_task(const Member& m, std::int64_t local_task) {
   const int l = lane % G;
   const std::int64_t rb = m.row_bytes;
   const std::int64_t rows = m.num_rows;
-  const std::int64_t tiles = m.tiles;
-  const std::int64_t c = (local_task % tiles) * G + l;  // this lane's vector within the row
+  const Span span = task_span(m, local_task, m.num_indices, m.tiles);
+  const std::int64_t c = span.tile * G + l;  // this lane's vector within the row
   if (c >= rb / VB) return;
-  const std::int64_t first = (local_task / tiles) * m.items_per_task;
-  const std::int64_t end = first + m.items_per_task < m.num_indices ? first + m.items_per_task : m.num_indices;
+  const std::int64_t first = span.first;
+  const std::int64_t end = span.end;
   const unsigned char* __restrict__ src = static_cast<const unsigned char*>(m.src) + c * VB;
   RowCache<T, E, S> cache(static_cast<unsigned char*>(m.dst) + c * VB, rb);
 

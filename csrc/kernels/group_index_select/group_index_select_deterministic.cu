@@ -103,11 +103,11 @@ HIPDLRM_DEVICE void segment_task(const Member& m, std::int64_t local_task, const
   const int g = lane / G;
   const int l = lane % G;
   const std::int64_t rb = m.row_bytes;
-  const std::int64_t tiles = m.tiles;
-  const std::int64_t c = (local_task % tiles) * G + l;
+  const Span span = task_span(m, local_task, m.num_rows, m.tiles);
+  const std::int64_t c = span.tile * G + l;
   const bool active = c < rb / VB;
-  const std::int64_t first = (local_task / tiles) * m.items_per_task;
-  const std::int64_t end = first + m.items_per_task < m.num_rows ? first + m.items_per_task : m.num_rows;
+  const std::int64_t first = span.first;
+  const std::int64_t end = span.end;
   const unsigned char* __restrict__ src = static_cast<const unsigned char*>(m.src) + c * VB;
   unsigned char* __restrict__ dst = static_cast<unsigned char*>(m.dst) + c * VB;
 

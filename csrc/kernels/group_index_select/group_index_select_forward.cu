@@ -58,8 +58,9 @@ HIPDLRM_DEVICE void gather_task(const Member& m, std::int64_t local_task) {
   const std::int64_t rb = m.row_bytes;
   const std::int64_t rows = m.num_rows;
   const std::int64_t chunks = rb / VB;
-  const std::int64_t first = local_task * m.items_per_task;
-  const std::int64_t end = first + m.items_per_task < m.num_indices ? first + m.items_per_task : m.num_indices;
+  const Span span = task_span(m, local_task, m.num_indices, 1);
+  const std::int64_t first = span.first;
+  const std::int64_t end = span.end;
   const unsigned char* __restrict__ src = static_cast<const unsigned char*>(m.src);
   unsigned char* __restrict__ dst = static_cast<unsigned char*>(m.dst);
 

@@ -15,6 +15,12 @@
 #include <cstdint>
 #include <vector>
 
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
+#define HIPDLRM_PLAN_FN __host__ __device__ inline
+#else
+#define HIPDLRM_PLAN_FN inline
+#endif
+
 namespace hipdlrm {
 namespace kernels {
 namespace group_index_select {
@@ -63,6 +69,22 @@ struct alignas(16) Member {
   std::int32_t vec_bytes;
   std::int32_t tiles;          // backward: column tiles of group_width * vec_bytes bytes
 };
+
+// The items [first, end) of one task -- output rows (forward), positions (scatter) or grad_input rows
+// (deterministic) of `extent` -- and its column tile; tasks run tile-fastest, as make_plan counts them.
+struct Span {
+  std::int64_t first;
+  std::int64_t end;
+  std::int64_t tile;
+};
+
+HIPDLRM_PLAN_FN Span task_span(const Member& m, std::int64_t local_task, std::int64_t extent, std::int64_t tiles) {
+  Span s;
+  s.tile = local_task % tiles;
+  s.first = (local_task / tiles) * m.items_per_task;
+  s.end = s.first + m.items_per_task < extent ? s.first + m.items_per_task : extent;
+  return s;
+}
 
 // What the binding knows about one member.
 struct MemberArgs {
