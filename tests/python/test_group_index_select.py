@@ -297,7 +297,7 @@ def test_gpu_forward_large_and_many_members(dtype):
     """Many tasks per member, many members (the descriptor search), and int32/int64 members mixed."""
     g = _gen("large", dtype)
     widths = [int(w) for w in torch.randint(1, 300, (150,), generator=g)] + [512, 64, 16]
-    rows = [int(r) for r in torch.randint(1, 3000, (len(widths),), generator=g)]
+    rows = [int(r) for r in torch.randint(1, 600, (len(widths),), generator=g)]
     lengths = [int(n) for n in torch.randint(0, 2000, (len(widths),), generator=g)]
     inputs, indices = make_group(widths, dtype, torch.int64, "random", ("large", dtype), rows=rows, lengths=lengths)
     indices = [i.int() if k % 2 else i for k, i in enumerate(indices)]

@@ -19,8 +19,11 @@ struct LaunchConfig {
   int multiprocessors = 0;  // residency cap of the grid-stride kernels (0: none)
 };
 
-// Records in Header::first_bad the lowest global position whose index is not in [0, num_rows).
-gpu::status_t launch_validate(void* descriptors, const Plan& plan, const LaunchConfig& cfg, gpu::stream_t stream);
+// Writes to *result the lowest global position whose index is not in [0, num_rows), or kNoBadIndex.
+// `result` must be device-visible (mapped pinned host memory: the host reads it once `stream` reaches
+// the end of the kernel). Does nothing when the group has no index (the host knows the answer).
+gpu::status_t launch_validate(void* descriptors, const Plan& plan, std::uint64_t* result, const LaunchConfig& cfg,
+                              gpu::stream_t stream);
 
 // Pass::kForward plan: out[k][i, :] = in[k][indices[k][i], :]; rows with an out-of-range index get zeros.
 gpu::status_t launch_forward(const void* descriptors, const Plan& plan, const LaunchConfig& cfg, gpu::stream_t stream);

@@ -16,8 +16,10 @@
 //
 // Validation: one thread per index of the whole group checks 0 <= index < rows; a wave with a bad index
 // folds its lowest position with a ballot and a wave minimum and issues one 64-bit atomic minimum into
-// the descriptor header (no device-side assert). The gather itself never reads out of bounds: a row with
-// a bad index is written as zeros, and the host raises once it has read the header.
+// the descriptor header (no device-side assert), and the last block to finish writes the minimum to
+// mapped host memory. The binding runs it on a side stream, concurrently with the gather, and raises
+// once it has read the result. The gather itself never reads out of bounds: a row with a bad index is
+// written as zeros.
 #include "group_index_select.h"
 #include "group_index_select_device.h"
 #include "hipdlrm/gpu/atomics.h"
@@ -29,7 +31,9 @@ namespace group_index_select {
 namespace {
 
 __global__ void __launch_bounds__(kBlock)
-    validate_kernel(const Member* __restrict__ members, int num_members, std::int64_t total, Header* header) {
+    validate_kernel(const Member* __restrict__ members, int num_members, std::int64_t total, Header* header,
+                    std::uint64_t* result) {
+  __shared__ bool s_last;
   MemberCursor<&Member::pos_begin, &Member::num_indices> cursor;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kBlock;
   // `base` is the same for the whole block, so every wave runs the same iterations (ballot below).
@@ -45,6 +49,18 @@ __global__ void __launch_bounds__(kBlock)
       const std::uint64_t first = gpu::wave_reduce(bad, gpu::MinOp());
       if (gpu::lane_id() == 0) gpu::atomic_min(&header->first_bad, first);
     }
+  }
+  // The last block to finish publishes the minimum to the host.
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    gpu::fence_device();
+    s_last = gpu::atomic_inc_ticket(&header->ticket) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (s_last && threadIdx.x == 0) {
+    gpu::fence_device();
+    *result = *reinterpret_cast<volatile std::uint64_t*>(&header->first_bad);
+    gpu::fence_system();
   }
 }
 
@@ -122,12 +138,13 @@ __global__ void __launch_bounds__(kBlock)
 
 }  // namespace
 
-gpu::status_t launch_validate(void* descriptors, const Plan& plan, const LaunchConfig& cfg, gpu::stream_t stream) {
+gpu::status_t launch_validate(void* descriptors, const Plan& plan, std::uint64_t* result, const LaunchConfig& cfg,
+                              gpu::stream_t stream) {
   if (plan.total_positions == 0) return gpu::kSuccess;
   const std::int64_t grid = gpu::capped_grid(plan.total_positions, kBlock, kBlock, resident_blocks(cfg));
   validate_kernel<<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(
       members_of(descriptors), static_cast<int>(plan.members.size()), plan.total_positions,
-      static_cast<Header*>(descriptors));
+      static_cast<Header*>(descriptors), result);
   return gpu::last_launch_status();
 }
 

@@ -43,10 +43,12 @@ inline int dtype_bytes(DType t) {
   }
 }
 
-// Written by the host before a launch (with the descriptors), updated by the validation kernel.
+// Written by the host with the descriptors (first_bad = kNoBadIndex, ticket = 0), updated by the
+// validation kernel.
 struct Header {
   std::uint64_t first_bad;     // lowest global position holding an out-of-range index; kNoBadIndex if none
-  std::uint64_t reserved[7];   // keeps the descriptors 64-byte aligned
+  std::uint32_t ticket;        // validation blocks finished
+  std::uint32_t reserved[13];  // keeps the descriptors 64-byte aligned
 };
 constexpr std::uint64_t kNoBadIndex = ~std::uint64_t{0};
 
@@ -203,7 +205,7 @@ inline std::size_t descriptor_bytes(const Plan& plan) {
   return sizeof(Header) + plan.members.size() * sizeof(Member);
 }
 
-// Serialises Header{first_bad = kNoBadIndex} and the Members into `out` (descriptor_bytes(plan) bytes).
+// Serialises Header{first_bad = kNoBadIndex, ticket = 0} and the Members into `out` (descriptor_bytes(plan) bytes).
 inline void write_descriptors(const Plan& plan, void* out) {
   Header h{};
   h.first_bad = kNoBadIndex;

@@ -3,17 +3,19 @@
 //
 // Per call: the per-member descriptors are built on the host and copied in one pinned, non-blocking
 // H2D copy on the current stream. Index validation cannot raise from a kernel, so it is a small kernel
-// of its own, enqueued before the work, whose result (the first bad position, 8 bytes) is copied back
-// into pinned memory behind an event. The work itself is enqueued next, and only then does the host
-// wait, for that event alone: the stream never runs dry while the host waits, and on an error the host
-// raises a RuntimeError naming the member, the position and the value. The cost is one host
-// synchronisation per call with the stream's earlier work (documented in docs/group_index_select.md).
-// The kernels never read or write out of bounds whatever the indices are.
+// of its own on a side stream, started once the descriptors have landed and running next to the work
+// on the caller's stream; it writes the first bad position (8 bytes) straight into mapped pinned host
+// memory. The work is enqueued first, and only then does the host wait, for the validation alone: the
+// caller's stream never runs dry while the host waits, and on an error the host raises a RuntimeError
+// naming the member, the position and the value. The cost is one host synchronisation per call with
+// the stream's earlier work (documented in docs/group_index_select.md). The kernels never read or write
+// out of bounds whatever the indices are.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
+#include <mutex>
 #include <optional>
 #include <vector>
 
@@ -47,25 +49,86 @@ at::Tensor upload(const kgis::Plan& plan, const at::Device& device) {
   return host.to(device, /*non_blocking=*/true);
 }
 
-// The validation kernel's result on its way back to the host.
+// 8-byte words of mapped pinned host memory that a kernel can write and the host read, one per call
+// in flight. Allocated a page at a time, kept for the life of the process.
+class ResultSlots {
+ public:
+  struct Slot {
+    std::uint64_t* host = nullptr;
+    std::uint64_t* device = nullptr;
+  };
+
+  static ResultSlots& instance() {
+    static ResultSlots slots;
+    return slots;
+  }
+
+  Slot acquire(const char* op) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.empty()) grow(op);
+    const Slot s = free_.back();
+    free_.pop_back();
+    return s;
+  }
+
+  void release(const Slot& s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(s);
+  }
+
+ private:
+  static constexpr std::size_t kPageWords = 512;
+
+  void grow(const char* op) {
+    void* host = nullptr;
+    check_status(cudaHostAlloc(&host, kPageWords * sizeof(std::uint64_t), cudaHostAllocMapped | cudaHostAllocPortable),
+                 op, "cudaHostAlloc");
+    void* device = nullptr;
+    check_status(cudaHostGetDevicePointer(&device, host, 0), op, "cudaHostGetDevicePointer");
+    for (std::size_t i = 0; i < kPageWords; ++i)
+      free_.push_back(Slot{static_cast<std::uint64_t*>(host) + i, static_cast<std::uint64_t*>(device) + i});
+  }
+
+  std::mutex mu_;
+  std::vector<Slot> free_;
+};
+
+// Index validation of one call: enqueued on a side stream once the descriptors are on the device, so
+// that it runs next to the work on the caller's stream instead of before it.
 class IndexCheck {
  public:
-  IndexCheck(const at::Tensor& descriptors, cudaStream_t stream, const char* op) : op_(op) {
-    host_ = at::empty({1}, at::TensorOptions().dtype(at::kLong).pinned_memory(true));
-    host_.copy_(descriptors.narrow(0, 0, sizeof(std::uint64_t)).view(at::kLong), /*non_blocking=*/true);
-    check_status(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), op_, "cudaEventCreate");
-    check_status(cudaEventRecord(event_, stream), op_, "cudaEventRecord");
+  IndexCheck(void* descriptors, const kgis::Plan& plan, const kgis::LaunchConfig& cfg, const at::Device& device,
+             cudaStream_t stream, const char* op)
+      : op_(op), slot_(ResultSlots::instance().acquire(op)) {
+    *slot_.host = kgis::kNoBadIndex;
+    if (plan.total_positions == 0) return;
+    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
+    check_status(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), op_, "cudaEventCreate");
+    check_status(cudaEventRecord(ready_, stream), op_, "cudaEventRecord");
+    check_status(cudaStreamWaitEvent(side.stream(), ready_, 0), op_, "cudaStreamWaitEvent");
+    check_status(kgis::launch_validate(descriptors, plan, slot_.device, cfg, side.stream()), op_,
+                 "index validation launch");
+    check_status(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), op_, "cudaEventCreate");
+    check_status(cudaEventRecord(done_, side.stream()), op_, "cudaEventRecord");
   }
   IndexCheck(const IndexCheck&) = delete;
   IndexCheck& operator=(const IndexCheck&) = delete;
+
+  // The validation reads the caller's buffers and writes the slot: it must be over before either is
+  // released, also when an exception unwinds the call.
   ~IndexCheck() {
-    if (event_ != nullptr) cudaEventDestroy(event_);
+    if (done_ != nullptr) {
+      cudaEventSynchronize(done_);
+      cudaEventDestroy(done_);
+    }
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    ResultSlots::instance().release(slot_);
   }
 
   // Waits for the validation and raises for the first out-of-range index of the group.
   void finish(const kgis::Plan& plan, const std::vector<at::Tensor>& indices) {
-    check_status(cudaEventSynchronize(event_), op_, "waiting for the index validation");
-    const auto first_bad = static_cast<std::uint64_t>(host_.data_ptr<std::int64_t>()[0]);
+    if (done_ != nullptr) check_status(cudaEventSynchronize(done_), op_, "waiting for the index validation");
+    const std::uint64_t first_bad = *static_cast<volatile std::uint64_t*>(slot_.host);
     if (first_bad == kgis::kNoBadIndex) return;
     const auto pos = static_cast<std::int64_t>(first_bad);
     const std::size_t k = kgis::member_of_position(plan, pos);
@@ -75,8 +138,9 @@ class IndexCheck {
 
  private:
   const char* op_;
-  at::Tensor host_;
-  cudaEvent_t event_ = nullptr;
+  ResultSlots::Slot slot_;
+  cudaEvent_t ready_ = nullptr;
+  cudaEvent_t done_ = nullptr;
 };
 
 std::vector<kgis::MemberArgs> member_args(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>& dst,
@@ -113,8 +177,7 @@ std::vector<at::Tensor> forward_gpu_impl(at::TensorList input_group, at::TensorL
   const kgis::Plan plan = kgis::make_plan(member_args(inputs, outputs, indices, layout), kernel_dtype(layout.dtype),
                                           kgis::Pass::kForward, cfg.wave_size, static_cast<int>(group_width));
   at::Tensor descriptors = upload(plan, layout.device);
-  check_status(kgis::launch_validate(descriptors.data_ptr(), plan, cfg, stream), op, "index validation launch");
-  IndexCheck check(descriptors, stream, op);
+  IndexCheck check(descriptors.data_ptr(), plan, cfg, layout.device, stream, op);
   check_status(kgis::launch_forward(descriptors.data_ptr(), plan, cfg, stream), op, "gather launch");
   check.finish(plan, indices);
   return outputs;
@@ -158,10 +221,7 @@ std::vector<at::Tensor> backward_gpu(at::TensorList grad_output_group, at::Tenso
                                           cfg.wave_size, 0);
   at::Tensor descriptors = upload(plan, layout.device);
   std::optional<IndexCheck> check;
-  if (check_indices) {
-    check_status(kgis::launch_validate(descriptors.data_ptr(), plan, cfg, stream), op, "index validation launch");
-    check.emplace(descriptors, stream, op);
-  }
+  if (check_indices) check.emplace(descriptors.data_ptr(), plan, cfg, layout.device, stream, op);
   if (deterministic) {
     const auto bytes = static_cast<std::int64_t>(kgis::deterministic_workspace_bytes(plan));
     const at::Tensor workspace = at::empty({bytes}, grads[0].options().dtype(at::kByte));
