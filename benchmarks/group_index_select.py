@@ -163,7 +163,8 @@ def _op(name: str):
 
 
 def forward_variants(wl: Workload, group_widths: bool, wave: int) -> Dict[str, Callable[[], object]]:
-    fns: Dict[str, Callable[[], object]] = {LOOP: lambda: [torch.index_select(x, 0, i) for x, i in zip(wl.inputs, wl.indices)]}
+    fns: Dict[str, Callable[[], object]] = {
+        LOOP: lambda: [torch.index_select(x, 0, i) for x, i in zip(wl.inputs, wl.indices)]}
     cat_in = torch.cat(wl.inputs)
     offsets = torch.tensor([0] + wl.rows[:-1], device=cat_in.device).cumsum(0)
     cat_idx = torch.cat([i + o for i, o in zip(wl.indices, offsets)])
@@ -183,7 +184,8 @@ def backward_variants(wl: Workload, slots: List[int], deterministic: bool, basel
                       ) -> Dict[str, Callable[[], object]]:
     fns: Dict[str, Callable[[], object]] = {}
     if baselines:
-        fns[LOOP] = lambda: [torch.zeros_like(x).index_add_(0, i, g) for x, i, g in zip(wl.inputs, wl.indices, wl.grads)]
+        fns[LOOP] = lambda: [torch.zeros_like(x).index_add_(0, i, g)
+                             for x, i, g in zip(wl.inputs, wl.indices, wl.grads)]
         cat_shape = (sum(wl.rows),) + tuple(wl.inputs[0].shape[1:])
         offsets = torch.tensor([0] + wl.rows[:-1], device=wl.grads[0].device).cumsum(0)
         cat_idx = torch.cat([i + o for i, o in zip(wl.indices, offsets)])

@@ -126,7 +126,8 @@ def assert_equal_list(actual, expected, what):
     assert len(actual) == len(expected), f"{what}: {len(actual)} tensors, expected {len(expected)}"
     for k, (a, e) in enumerate(zip(actual, expected)):
         a, e = a.detach().cpu(), e.detach().cpu()
-        assert a.dtype == e.dtype and a.shape == e.shape, f"{what}[{k}]: {a.dtype}{tuple(a.shape)} vs {e.dtype}{tuple(e.shape)}"
+        assert a.dtype == e.dtype and a.shape == e.shape, \
+            f"{what}[{k}]: {a.dtype}{tuple(a.shape)} vs {e.dtype}{tuple(e.shape)}"
         if not torch.equal(a, e):
             bad = (a != e).nonzero()
             pytest.fail(f"{what}[{k}]: {bad.shape[0]} of {a.numel()} elements differ, first at {bad[0].tolist()}: "

@@ -223,11 +223,12 @@ gpu::status_t launch_scatter(const void* descriptors, const Plan& plan, DType dt
   }
   if (plan.total_tasks == 0) return gpu::kSuccess;
   const std::int64_t grid = task_grid(plan.total_tasks, cfg);
+  const std::int64_t tasks = plan.total_tasks;
   switch (dtype) {
-    case DType::kFloat16: launch_scatter_typed<gpu::half_t>(members, n, plan.total_tasks, cache_slots, grid, stream); break;
-    case DType::kBFloat16: launch_scatter_typed<gpu::bfloat16_t>(members, n, plan.total_tasks, cache_slots, grid, stream); break;
-    case DType::kFloat64: launch_scatter_typed<double>(members, n, plan.total_tasks, cache_slots, grid, stream); break;
-    default: launch_scatter_typed<float>(members, n, plan.total_tasks, cache_slots, grid, stream); break;
+    case DType::kFloat16: launch_scatter_typed<gpu::half_t>(members, n, tasks, cache_slots, grid, stream); break;
+    case DType::kBFloat16: launch_scatter_typed<gpu::bfloat16_t>(members, n, tasks, cache_slots, grid, stream); break;
+    case DType::kFloat64: launch_scatter_typed<double>(members, n, tasks, cache_slots, grid, stream); break;
+    default: launch_scatter_typed<float>(members, n, tasks, cache_slots, grid, stream); break;
   }
   return gpu::last_launch_status();
 }

@@ -180,7 +180,8 @@ void launch_segments(const Member* members, int n, std::int64_t tasks, std::int6
 std::size_t deterministic_workspace_bytes(const Plan& plan) {
   const std::int64_t n = plan.total_positions;
   if (n == 0) return 0;
-  return 4 * round_up(static_cast<std::size_t>(n) * sizeof(key_t)) + round_up(sort_temp_bytes(n, key_bits(plan.total_rows)));
+  return 4 * round_up(static_cast<std::size_t>(n) * sizeof(key_t)) +
+         round_up(sort_temp_bytes(n, key_bits(plan.total_rows)));
 }
 
 gpu::status_t launch_deterministic(const void* descriptors, const Plan& plan, DType dtype, void* workspace,
@@ -188,6 +189,7 @@ gpu::status_t launch_deterministic(const void* descriptors, const Plan& plan, DT
   const Member* members = members_of(descriptors);
   const int num_members = static_cast<int>(plan.members.size());
   const std::int64_t n = plan.total_positions;
+  if (plan.total_tasks == 0) return gpu::kSuccess;  // no grad_input element to write
   const key_t* sorted_keys = nullptr;
   const key_t* sorted_vals = nullptr;
   if (n > 0) {
@@ -206,7 +208,6 @@ gpu::status_t launch_deterministic(const void* descriptors, const Plan& plan, DT
     sorted_keys = b.keys_out;
     sorted_vals = b.vals_out;
   }
-  if (plan.total_tasks == 0) return gpu::kSuccess;
   const std::int64_t grid = task_grid(plan.total_tasks, cfg);
   switch (dtype) {
     case DType::kFloat16:

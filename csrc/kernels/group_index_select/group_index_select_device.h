@@ -85,7 +85,9 @@ struct MemberCursor {
 HIPDLRM_DEVICE std::int64_t global_wave() {
   return (static_cast<std::int64_t>(blockIdx.x) * kBlock + threadIdx.x) / gpu::kWaveSize;
 }
-HIPDLRM_DEVICE std::int64_t wave_count() { return static_cast<std::int64_t>(gridDim.x) * (kBlock / gpu::kWaveSize); }
+HIPDLRM_DEVICE std::int64_t wave_count() {
+  return static_cast<std::int64_t>(gridDim.x) * (kBlock / gpu::kWaveSize);
+}
 
 template <int V>
 using Int = std::integral_constant<int, V>;
