@@ -180,18 +180,15 @@ def forward_variants(wl: Workload, group_widths: bool, wave: int) -> Dict[str, C
     return fns
 
 
-def backward_variants(wl: Workload, slots: List[int], deterministic: bool, baselines: bool
-                      ) -> Dict[str, Callable[[], object]]:
-    fns: Dict[str, Callable[[], object]] = {}
-    if baselines:
-        fns[LOOP] = lambda: [torch.zeros_like(x).index_add_(0, i, g)
-                             for x, i, g in zip(wl.inputs, wl.indices, wl.grads)]
-        cat_shape = (sum(wl.rows),) + tuple(wl.inputs[0].shape[1:])
-        offsets = torch.tensor([0] + wl.rows[:-1], device=wl.grads[0].device).cumsum(0)
-        cat_idx = torch.cat([i + o for i, o in zip(wl.indices, offsets)])
-        cat_grad = torch.cat(wl.grads)
-        fns[CONCAT] = lambda: torch.zeros(cat_shape, dtype=cat_grad.dtype, device=cat_grad.device).index_add_(
-            0, cat_idx, cat_grad)
+def backward_variants(wl: Workload, slots: List[int], deterministic: bool) -> Dict[str, Callable[[], object]]:
+    fns: Dict[str, Callable[[], object]] = {
+        LOOP: lambda: [torch.zeros_like(x).index_add_(0, i, g) for x, i, g in zip(wl.inputs, wl.indices, wl.grads)]}
+    cat_shape = (sum(wl.rows),) + tuple(wl.inputs[0].shape[1:])
+    offsets = torch.tensor([0] + wl.rows[:-1], device=wl.grads[0].device).cumsum(0)
+    cat_idx = torch.cat([i + o for i, o in zip(wl.indices, offsets)])
+    cat_grad = torch.cat(wl.grads)
+    fns[CONCAT] = lambda: torch.zeros(cat_shape, dtype=cat_grad.dtype, device=cat_grad.device).index_add_(
+        0, cat_idx, cat_grad)
     op = _op("_group_index_select_dim0_backward")
     if op is not None:
         for s in slots:
@@ -369,8 +366,8 @@ def main(argv=None) -> int:
     with_gw = "group_width" in args.sections and HIPDLRM_ERROR is None
 
     have_op = HIPDLRM_ERROR is None
-    steps = sum(3 + (1 if have_op else 0) + ((len(slots) + int(det)) if have_op else 0)
-                for _, _, slots, det in stages)
+    # forward: loop, concat (+ hipdlrm); backward: loop, concat (+ one per cache size, + deterministic)
+    steps = sum(4 + ((1 + len(slots) + int(det)) if have_op else 0) for _, _, slots, det in stages)
     steps += (1 + len(gw_widths)) if with_gw else 0
     progress = Progress(steps)
 
@@ -382,7 +379,7 @@ def main(argv=None) -> int:
         verify_forward(fwd, wl, what)
         rows += measure(fwd, wl, "forward", section, device, iters, copy_gbs, progress)
         del fwd
-        bwd = backward_variants(wl, slots, det, True)
+        bwd = backward_variants(wl, slots, det)
         verify_backward(bwd, wl, what)
         rows += measure(bwd, wl, "backward", section, device, iters, copy_gbs, progress)
         del bwd, wl
