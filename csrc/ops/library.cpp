@@ -3,9 +3,11 @@
 #include <torch/library.h>
 
 #include "bounds_check/bounds_check.h"
+#include "tbe/tbe.h"
 
 TORCH_LIBRARY(hipdlrm, m) {
   hipdlrm::ops::bounds_check::define(m);
+  hipdlrm::ops::tbe::define(m);
 }
 
 #if defined(HIPDLRM_PYTHON_MODULE)

@@ -7,6 +7,7 @@ import torch  # noqa: F401  (the library links against torch; import it first)
 
 from . import _C  # noqa: F401  (registers torch.ops.hipdlrm.*)
 from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
+from .tbe import PoolingMode, TableBatchedEmbedding
 
 __version__ = "0.1.0"
 
@@ -14,4 +15,6 @@ __all__ = [
     "BoundsCheckMode",
     "bounds_check_indices",
     "flush_bounds_check_warnings",
+    "PoolingMode",
+    "TableBatchedEmbedding",
 ]
