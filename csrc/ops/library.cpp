@@ -4,10 +4,12 @@
 
 #include "bounds_check/bounds_check.h"
 #include "group_index_select/group_index_select.h"
+#include "tbe/tbe.h"
 
 TORCH_LIBRARY(hipdlrm, m) {
   hipdlrm::ops::bounds_check::define(m);
   hipdlrm::ops::group_index_select::define(m);
+  hipdlrm::ops::tbe::define(m);
 }
 
 #if defined(HIPDLRM_PYTHON_MODULE)

@@ -8,6 +8,7 @@ import torch  # noqa: F401  (the library links against torch; import it first)
 from . import _C  # noqa: F401  (registers torch.ops.hipdlrm.*)
 from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
 from .group_index_select import group_index_select
+from .tbe import PoolingMode, TableBatchedEmbedding
 
 __version__ = "0.1.0"
 
@@ -16,4 +17,6 @@ __all__ = [
     "bounds_check_indices",
     "flush_bounds_check_warnings",
     "group_index_select",
+    "PoolingMode",
+    "TableBatchedEmbedding",
 ]

@@ -1,0 +1,83 @@
+// Types shared by the TBE kernels and the bindings, and the host arithmetic that picks the launch layout.
+// No runtime headers: the CPU-only build, the CPU implementation and GoogleTest include this too.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace hipdlrm {
+namespace kernels {
+namespace tbe {
+
+// FBGEMM's PoolingMode codes.
+enum PoolingMode : int { kSum = 0, kMean = 1, kNone = 2 };
+
+// Element formats of the weights and of the output.
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
+
+inline int dtype_bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
+
+// One forward call. "Feature" is a slot of the table-major layout (T of them, B bags each); several
+// features may share a table, so every per-table fact is given per feature.
+template <typename index_t>
+struct ForwardProblem {
+  const void* weights = nullptr;                 // every table, flat; element type weights_dtype
+  DType weights_dtype = DType::kFloat32;
+  std::int64_t weights_numel = 0;
+  const std::int64_t* weights_offsets = nullptr;  // [T] element offset of the feature's table's row 0
+  const std::int32_t* D_offsets = nullptr;        // [T + 1] column offset of the feature in a pooled row
+  const std::int64_t* rows_per_table = nullptr;   // [T] rows of the feature's table
+  std::int64_t num_features = 0;                  // T
+  std::int64_t batch_size = 0;                    // B
+  std::int64_t total_D = 0;                       // pooled output row width (D_offsets[T])
+  std::int64_t max_D = 0;                         // widest feature; the output row width in NONE mode
+  const index_t* indices = nullptr;               // [N]
+  std::int64_t num_indices = 0;                   // N
+  const index_t* offsets = nullptr;               // [T * B + 1]
+  PoolingMode pooling_mode = kSum;
+  const float* per_sample_weights = nullptr;      // [N] or null
+  void* output = nullptr;                         // [B, total_D], or [N, max_D] in NONE mode
+  DType output_dtype = DType::kFloat32;
+};
+
+// How a bag's row is spread over lanes: `group_lanes` lanes (a power of two, at most the wave) work on
+// one bag, each lane holding `vecs_per_lane` 16-byte vectors of a row, lane l the vectors l,
+// l + group_lanes, ... . Rows wider than group_lanes * vecs_per_lane vectors are done in `chunks` passes.
+struct Layout {
+  int group_lanes = 1;
+  int vecs_per_lane = 1;
+  std::int64_t chunks = 1;
+};
+
+constexpr int kMaxVecsPerLane = 4;
+
+// The layout for rows of up to max_D elements of elem_bytes each on a wave of wave_size lanes, with at
+// most max_vecs_per_lane vectors per lane: fewest passes over the row first, then fewest idle lane
+// slots, then fewest vectors per lane (registers). So D = 256 fp32 is one vector per lane of a whole
+// wave64 (two per lane of a wave32), D = 192 fp16 (24 vectors) is 8 lanes x 3 vectors, and a small D
+// packs many bags into one wave.
+inline Layout choose_layout(std::int64_t max_D, int elem_bytes, int wave_size,
+                            int max_vecs_per_lane = kMaxVecsPerLane) {
+  const std::int64_t vec_elems = 16 / std::max(elem_bytes, 1);
+  const std::int64_t vecs = std::max<std::int64_t>((std::max<std::int64_t>(max_D, 1) + vec_elems - 1) / vec_elems, 1);
+  Layout best;
+  std::int64_t best_slots = -1;
+  for (int k = 1; k <= std::max(std::min(max_vecs_per_lane, kMaxVecsPerLane), 1); ++k) {
+    for (int g = 1; g <= std::max(wave_size, 1); g *= 2) {
+      const std::int64_t per_pass = static_cast<std::int64_t>(g) * k;
+      const std::int64_t chunks = (vecs + per_pass - 1) / per_pass;
+      const std::int64_t slots = chunks * per_pass;
+      const bool better = best_slots < 0 || chunks < best.chunks ||
+                          (chunks == best.chunks && slots < best_slots);  // ties keep the smaller k
+      if (better) {
+        best = Layout{g, k, chunks};
+        best_slots = slots;
+      }
+    }
+  }
+  return best;
+}
+
+}  // namespace tbe
+}  // namespace kernels
+}  // namespace hipdlrm

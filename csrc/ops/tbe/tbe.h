@@ -1,0 +1,45 @@
+// Table Batched Embedding: schemas, argument checks and the CPU implementation shared by every backend.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <optional>
+
+#include "../../kernels/tbe/tbe_types.h"
+
+namespace hipdlrm {
+namespace ops {
+namespace tbe {
+
+using kernels::tbe::DType;
+using kernels::tbe::PoolingMode;
+
+void define(torch::Library& m);
+
+// Shape facts established by check_forward_arguments().
+struct ForwardShape {
+  std::int64_t num_features = 0;  // T
+  std::int64_t batch_size = 0;    // B
+  std::int64_t num_indices = 0;   // N
+  PoolingMode pooling_mode = kernels::tbe::kSum;
+  DType weights_dtype = DType::kFloat32;
+  DType output_dtype = DType::kFloat32;
+};
+
+// Validates dtypes, ranks, sizes, contiguity, devices and the scalar arguments of tbe_forward, throwing a
+// RuntimeError that names the argument. Reads no tensor values (the GPU path must not synchronise).
+ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor& weights_offsets,
+                                     const at::Tensor& D_offsets, const at::Tensor& rows_per_table,
+                                     std::int64_t total_D, std::int64_t max_D, const at::Tensor& indices,
+                                     const at::Tensor& offsets, std::int64_t pooling_mode,
+                                     const std::optional<at::Tensor>& per_sample_weights,
+                                     at::ScalarType output_dtype);
+
+// The output of tbe_forward, uninitialised: [B, total_D], or [N, max_D] in NONE mode.
+at::Tensor empty_forward_output(const ForwardShape& shape, std::int64_t total_D, std::int64_t max_D,
+                                const at::Tensor& weights, at::ScalarType output_dtype);
+
+}  // namespace tbe
+}  // namespace ops
+}  // namespace hipdlrm

@@ -1,0 +1,91 @@
+// TBE forward: the launch-layout choice (host arithmetic shared with the GPU launcher) and the CPU
+// operator through the dispatcher, as a LibTorch user calls it.
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "kernels/tbe/tbe_types.h"
+
+namespace {
+
+using hipdlrm::kernels::tbe::choose_layout;
+using hipdlrm::kernels::tbe::Layout;
+
+void expect_layout(std::int64_t max_D, int elem_bytes, int wave, int max_vecs, int group, int vecs,
+                   std::int64_t chunks) {
+  const Layout l = choose_layout(max_D, elem_bytes, wave, max_vecs);
+  EXPECT_EQ(l.group_lanes, group) << "D=" << max_D << " bytes=" << elem_bytes << " wave=" << wave;
+  EXPECT_EQ(l.vecs_per_lane, vecs) << "D=" << max_D << " bytes=" << elem_bytes << " wave=" << wave;
+  EXPECT_EQ(l.chunks, chunks) << "D=" << max_D << " bytes=" << elem_bytes << " wave=" << wave;
+}
+
+at::Tensor tbe_forward(const at::Tensor& weights, const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
+                       const at::Tensor& rows, int64_t total_D, int64_t max_D, const at::Tensor& indices,
+                       const at::Tensor& offsets, int64_t pooling_mode) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("hipdlrm::tbe_forward", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                         int64_t, int64_t, const at::Tensor&, const at::Tensor&, int64_t,
+                                         const std::optional<at::Tensor>&, at::ScalarType)>();
+  return op.call(weights, weights_offsets, D_offsets, rows, total_D, max_D, indices, offsets, pooling_mode,
+                 std::nullopt, at::kFloat);
+}
+
+at::Tensor i64(std::vector<int64_t> v) { return torch::tensor(v, torch::kLong); }
+at::Tensor i32(std::vector<int32_t> v) { return torch::tensor(v, torch::kInt); }
+
+}  // namespace
+
+TEST(TbeLayout, SpecialisedDimsOnWave64) {
+  expect_layout(256, 4, 64, 4, 64, 1, 1);  // fp32 D=256: one 16-byte vector per lane, one bag per wave
+  expect_layout(192, 4, 64, 4, 16, 3, 1);  // 48 vectors: 16 lanes x 3, four bags per wave, no idle lane
+  expect_layout(128, 4, 64, 4, 32, 1, 1);
+  expect_layout(64, 4, 64, 4, 16, 1, 1);
+  expect_layout(256, 2, 64, 4, 32, 1, 1);  // fp16 D=256: 32 vectors
+  expect_layout(192, 2, 64, 4, 8, 3, 1);
+  expect_layout(64, 2, 64, 4, 8, 1, 1);
+}
+
+TEST(TbeLayout, SpecialisedDimsOnWave32) {
+  expect_layout(256, 4, 32, 4, 32, 2, 1);
+  expect_layout(192, 4, 32, 4, 16, 3, 1);
+  expect_layout(256, 2, 32, 4, 32, 1, 1);
+  expect_layout(192, 2, 32, 4, 8, 3, 1);
+}
+
+TEST(TbeLayout, SmallAndWideDims) {
+  expect_layout(4, 4, 64, 4, 1, 1, 1);   // one lane per bag: 64 bags per wave
+  expect_layout(12, 4, 64, 4, 1, 3, 1);
+  expect_layout(1, 2, 64, 4, 1, 1, 1);
+  expect_layout(0, 4, 64, 4, 1, 1, 1);
+  expect_layout(4096, 4, 64, 4, 64, 4, 4);  // 1024 vectors: four passes of 256
+  expect_layout(768, 4, 32, 4, 32, 3, 2);   // 192 vectors on wave32: two passes of 96, no idle lane
+}
+
+TEST(TbeLayout, OneVectorPerLaneForSequences) {
+  expect_layout(256, 4, 32, 1, 32, 1, 2);
+  expect_layout(192, 2, 64, 1, 32, 1, 1);
+}
+
+TEST(TbeForwardCpu, SumMeanAndSequence) {
+  // Table 0: 3 rows x 2, table 1: 2 rows x 3, stored back to back.
+  auto weights = torch::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 10.f, 20.f, 30.f, 40.f, 50.f, 60.f});
+  auto wo = i64({0, 6});
+  auto doff = i32({0, 2, 5});
+  auto rows = i64({3, 2});
+  auto indices = i64({0, 2, 1, 1, 0});
+  auto offsets = i64({0, 2, 3, 3, 5});  // feature 0: {0, 2}, {1}; feature 1: {}, {1, 0}
+  auto sum = tbe_forward(weights, wo, doff, rows, 5, 3, indices, offsets, 0);
+  EXPECT_TRUE(torch::equal(sum, torch::tensor({{6.f, 8.f, 0.f, 0.f, 0.f}, {3.f, 4.f, 50.f, 70.f, 90.f}})));
+  auto mean = tbe_forward(weights, wo, doff, rows, 5, 3, indices, offsets, 1);
+  EXPECT_TRUE(torch::equal(mean, torch::tensor({{3.f, 4.f, 0.f, 0.f, 0.f}, {3.f, 4.f, 25.f, 35.f, 45.f}})));
+
+  auto seq = tbe_forward(weights.slice(0, 0, 6), i64({0, 0}), i32({0, 2, 4}), i64({3, 3}), 4, 2, i64({2, 0, 1}),
+                         i64({0, 1, 1, 3, 3}), 2);
+  EXPECT_TRUE(torch::equal(seq, torch::tensor({{5.f, 6.f}, {1.f, 2.f}, {3.f, 4.f}})));
+}
+
+TEST(TbeForwardCpu, RejectsOutOfRangeIndex) {
+  auto weights = torch::zeros({8});
+  EXPECT_THROW(tbe_forward(weights, i64({0}), i32({0, 4}), i64({2}), 4, 4, i64({2}), i64({0, 1}), 0), c10::Error);
+}
