@@ -36,10 +36,9 @@ faster than F.embedding_bag on all 12; PASS/FAIL is computed from the run.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 import torch
 import torch.nn.functional as F

@@ -13,14 +13,14 @@
 """
 import copy
 import zlib
-from typing import List, Optional, Sequence, Tuple
+from typing import Optional
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import hipdlrm
-from conftest import HAS_GPU, devices, requires_gpu
+from conftest import devices, requires_gpu
 from hipdlrm import BoundsCheckMode, PoolingMode, TableBatchedEmbedding
 
 OP = torch.ops.hipdlrm.tbe_forward

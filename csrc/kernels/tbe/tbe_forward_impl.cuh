@@ -89,6 +89,15 @@ HIPDLRM_DEVICE int vector_kind(const Feature<W>& f) {
   return 2;
 }
 
+// The feature of bag g. A 64-bit division is tens of instructions on both vendors' GPUs; every real
+// batch has fewer than 2^32 bags, which a 32-bit division covers.
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t feature_of(const ForwardProblem<index_t>& p, std::int64_t g) {
+  if (p.num_features * p.batch_size <= static_cast<std::int64_t>(UINT32_MAX))
+    return static_cast<std::uint32_t>(g) / static_cast<std::uint32_t>(p.batch_size);
+  return g / p.batch_size;
+}
+
 struct BagRange {
   std::int64_t start, end;
 };
@@ -223,34 +232,58 @@ HIPDLRM_DEVICE void pool_bag(const ForwardProblem<index_t>& p, const Feature<W>&
     cur = fetch_rows<U>(p, after.rows, after.range.start, after.range.end, after.range.start);
 }
 
-// NONE mode: output rows [lo, hi), the looked-up row for positions inside the bag [r.start, r.end) and
-// zeros for the others (lo < start or hi > end only for the first and the last bag: positions no bag owns).
-template <typename W, typename O, typename index_t, int K, int N>
+// NONE mode, one vector per lane: output rows [lo, hi), the looked-up row for positions inside the bag
+// [r.start, r.end) and zeros for the others (lo < start or hi > end only for the first and the last
+// bag: positions no bag owns). Whole batches of U rows store without a per-row guard and only the last,
+// partial batch checks each row, with the store alignment fixed per call (kAligned): a per-row guard
+// around a run-time aligned/unaligned store in the unrolled loop made LLVM 19's AMDGPU structurizer
+// crash.
+template <typename W, typename O, typename index_t, int N, bool kAligned>
 HIPDLRM_DEVICE void copy_bag(const ForwardProblem<index_t>& p, const Feature<W>& f, std::int64_t lo,
                              std::int64_t hi, BagRange r, int lane, int group, O* out) {
-  constexpr int U = rows_in_flight<K>();
-  const std::int64_t pass_cols = static_cast<std::int64_t>(group) * K * N;
-  for (std::int64_t c0 = 0; c0 < f.cols; c0 += pass_cols) {
-    const LaneColumns<K, N> lc(c0, lane, group, f.cols);
-    RowBatch<U> cur = fetch_rows<U>(p, f.rows, r.start, r.end, lo);
-    for (std::int64_t l = lo; l < hi; l += U) {
-      Pack<W, N> raw[U][K];
+  constexpr int U = rows_in_flight<1>();
+  const std::int64_t pass_cols = static_cast<std::int64_t>(group) * N;
+  for (std::int64_t c0 = 0; c0 + static_cast<std::int64_t>(lane) * N < f.cols; c0 += pass_cols) {
+    const LaneColumns<1, N> lc(c0, lane, group, f.cols);
+    std::int64_t l = lo;
+    RowBatch<U> cur = fetch_rows<U>(p, f.rows, r.start, r.end, l);
+    Pack<W, N> raw[U][1];
+    for (; l + U <= hi; l += U) {
       load_rows(f, cur, lc, raw);
       const RowBatch<U> next = fetch_rows<U>(p, f.rows, r.start, r.end, l + U);
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        float x[N];
+        gpu::unpack_to_float(raw[u][0], x);
 #pragma unroll
-        for (int k = 0; k < K; ++k) {
-          float x[N];
-          gpu::unpack_to_float(raw[u][k], x);
-#pragma unroll
-          for (int e = 0; e < N; ++e) x[e] *= cur.weight[u];
-          if (l + u < hi && lc.on[k]) store_row_part<O, N>(out + (l + u) * p.max_D + lc.col[k], x);
-        }
+        for (int e = 0; e < N; ++e) x[e] *= cur.weight[u];
+        gpu::store_from_float<O, N>(out + (l + u) * p.max_D + lc.col[0], x, kAligned);
       }
       cur = next;
     }
+    if (l >= hi) continue;
+    load_rows(f, cur, lc, raw);
+#pragma unroll
+    for (int u = 0; u < U - 1; ++u) {
+      if (l + u >= hi) break;
+      float x[N];
+      gpu::unpack_to_float(raw[u][0], x);
+#pragma unroll
+      for (int e = 0; e < N; ++e) x[e] *= cur.weight[u];
+      gpu::store_from_float<O, N>(out + (l + u) * p.max_D + lc.col[0], x, kAligned);
+    }
   }
+}
+
+// copy_bag with vector stores when every output row start is aligned for them (fixed per launch).
+template <typename W, typename O, typename index_t, int N>
+HIPDLRM_DEVICE void copy_bag_stores(const ForwardProblem<index_t>& p, const Feature<W>& f, std::int64_t lo,
+                                    std::int64_t hi, BagRange r, int lane, int group, O* out) {
+  constexpr std::int64_t kAccess = gpu::access_bytes<O, N>();
+  if (N == 1 || (gpu::is_aligned(out, kAccess) && (p.max_D * static_cast<std::int64_t>(sizeof(O))) % kAccess == 0))
+    copy_bag<W, O, index_t, N, true>(p, f, lo, hi, r, lane, group, out);
+  else
+    copy_bag<W, O, index_t, N, false>(p, f, lo, hi, r, lane, group, out);
 }
 
 }  // namespace forward_detail
@@ -270,15 +303,15 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
   std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
   if (g >= bags) return;
   BagRange r = bag_range(p, g);
-  RowBatch<U> cur = fetch_rows<U>(p, safe_rows(p, g / p.batch_size), r.start, r.end, r.start);
+  RowBatch<U> cur = fetch_rows<U>(p, safe_rows(p, feature_of(p, g)), r.start, r.end, r.start);
   for (; g < bags; g += stride) {
     // The next bag's offsets and table size are read now, so that they have arrived when this bag's
     // last iteration fetches that bag's first rows.
     const std::int64_t g_next = g + stride;
     Upcoming after{BagRange{0, 0}, 0};
-    if (g_next < bags) after = Upcoming{bag_range(p, g_next), safe_rows(p, g_next / p.batch_size)};
+    if (g_next < bags) after = Upcoming{bag_range(p, g_next), safe_rows(p, feature_of(p, g_next))};
 
-    const std::int64_t t = g / p.batch_size;
+    const std::int64_t t = feature_of(p, g);
     const std::int64_t b = g - t * p.batch_size;
     const Feature<W> f = load_feature<W>(p, t, false);
     const std::int64_t len = r.end - r.start;
@@ -296,7 +329,6 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
 template <typename W, typename O, typename index_t>
 __global__ void __launch_bounds__(kForwardBlock) tbe_sequence_kernel(ForwardProblem<index_t> p, int group_log2) {
   using namespace forward_detail;
-  constexpr int K = 1;
   constexpr int kWide = 16 / sizeof(W), kNarrow = 8 / sizeof(W);
   const int group = 1 << group_log2;
   const int lane = static_cast<int>(threadIdx.x) & (group - 1);
@@ -305,14 +337,14 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_sequence_kernel(ForwardProb
   O* const out = static_cast<O*>(p.output);
   for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
        g < bags; g += static_cast<std::int64_t>(gridDim.x) * groups_per_block) {
-    const Feature<W> f = load_feature<W>(p, g / p.batch_size, true);
+    const Feature<W> f = load_feature<W>(p, feature_of(p, g), true);
     const BagRange r = bag_range(p, g);
     const std::int64_t lo = g == 0 ? 0 : r.start;
     const std::int64_t hi = g == bags - 1 ? p.num_indices : r.end;
     switch (vector_kind(f)) {
-      case 0: copy_bag<W, O, index_t, K, kWide>(p, f, lo, hi, r, lane, group, out); break;
-      case 1: copy_bag<W, O, index_t, K, kNarrow>(p, f, lo, hi, r, lane, group, out); break;
-      default: copy_bag<W, O, index_t, K, 1>(p, f, lo, hi, r, lane, group, out); break;
+      case 0: copy_bag_stores<W, O, index_t, kWide>(p, f, lo, hi, r, lane, group, out); break;
+      case 1: copy_bag_stores<W, O, index_t, kNarrow>(p, f, lo, hi, r, lane, group, out); break;
+      default: copy_bag_stores<W, O, index_t, 1>(p, f, lo, hi, r, lane, group, out); break;
     }
   }
 }
