@@ -15,24 +15,35 @@ namespace kernels {
 namespace group_index_select {
 
 constexpr int kBlock = 256;
-constexpr int kBlocksPerSM = 8;  // residency cap of the grid-stride loops
-constexpr int kUnroll = 4;       // independent loads in flight per lane
-
-inline std::int64_t resident_blocks(const LaunchConfig& cfg) {
-  return cfg.multiprocessors > 0 ? static_cast<std::int64_t>(cfg.multiprocessors) * kBlocksPerSM : 0;
-}
-
-// Blocks for `tasks` wave-sized tasks, as many per block as the block has waves.
-inline std::int64_t task_grid(std::int64_t tasks, const LaunchConfig& cfg) {
-  const int waves_per_block = cfg.wave_size > 0 ? std::max(kBlock / cfg.wave_size, 1) : 1;
-  return gpu::capped_grid(tasks, waves_per_block, kBlock, resident_blocks(cfg));
-}
+constexpr int kUnroll = 4;  // independent loads in flight per lane
 
 inline const Member* members_of(const void* descriptors) {
   return reinterpret_cast<const Member*>(static_cast<const unsigned char*>(descriptors) + sizeof(Header));
 }
 
 #if defined(HIPDLRM_DEVICE_CODE)
+
+// Grid-stride kernels get as many blocks as fit on the device at once (occupancy queried once per
+// kernel), never more than the work needs.
+template <auto Kernel>
+std::int64_t resident_blocks(const LaunchConfig& cfg) {
+  static const int per_multiprocessor = gpu::resident_blocks_per_multiprocessor(Kernel, kBlock);
+  return cfg.multiprocessors > 0 ? static_cast<std::int64_t>(cfg.multiprocessors) * std::max(per_multiprocessor, 1)
+                                 : 0;
+}
+
+// Blocks for `tasks` wave-sized tasks, as many per block as the block has waves.
+template <auto Kernel>
+std::int64_t task_grid(std::int64_t tasks, const LaunchConfig& cfg) {
+  const int waves_per_block = cfg.wave_size > 0 ? std::max(kBlock / cfg.wave_size, 1) : 1;
+  return gpu::capped_grid(tasks, waves_per_block, kBlock, resident_blocks<Kernel>(cfg));
+}
+
+// Blocks for `items` items, one per thread per pass.
+template <auto Kernel>
+std::int64_t item_grid(std::int64_t items, const LaunchConfig& cfg) {
+  return gpu::capped_grid(items, kBlock, kBlock, resident_blocks<Kernel>(cfg));
+}
 
 // VB raw bytes, aligned to VB so that one access is one vector load or store.
 template <int VB>
