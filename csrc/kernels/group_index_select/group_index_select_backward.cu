@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(kBlock)
     cursor.seek(members, num_members, t);
     const Member& m = members[cursor.k];
     const std::int64_t local = t - cursor.begin;
-    with_shape<static_cast<int>(sizeof(T))>(m.group_width, m.vec_bytes, [&](auto G, auto VB) {
+    with_shape<static_cast<int>(sizeof(T)), kAutoMaxGroupWidth>(m.group_width, m.vec_bytes, [&](auto G, auto VB) {
       scatter_task<T, S, decltype(G)::value, decltype(VB)::value>(m, local);
     });
   }

@@ -62,8 +62,8 @@ HIPDLRM_DEVICE void store_chunk(unsigned char* p, const Chunk<VB>& v) {
 }
 
 HIPDLRM_DEVICE std::int64_t load_index(const Member& m, std::int64_t i) {
-  return m.index_bytes == 8 ? gpu::load_global(static_cast<const std::int64_t*>(m.indices) + i)
-                            : static_cast<std::int64_t>(gpu::load_global(static_cast<const std::int32_t*>(m.indices) + i));
+  if (m.index_bytes == 8) return gpu::load_global(static_cast<const std::int64_t*>(m.indices) + i);
+  return gpu::load_global(static_cast<const std::int32_t*>(m.indices) + i);
 }
 
 HIPDLRM_DEVICE bool row_in_range(std::int64_t row, std::int64_t num_rows) {
@@ -115,15 +115,16 @@ HIPDLRM_DEVICE void with_vec(int vec_bytes, F&& f) {
 }
 
 // Calls f(Int<group_width>, Int<vec_bytes>) for the member's shape; vectors narrower than MinVB (one
-// element) are never planned. The 64-lane group exists only where the wave has 64 lanes. The values are
-// the same for the whole wave (one task), so the switch never diverges.
-template <int MinVB, typename F>
+// element) are never planned. Groups wider than MaxG are not compiled: the 64-lane group exists only in
+// the forward (the automatic choice stops at 32; 64 is the ablation) and only where the wave has 64
+// lanes. The values are the same for the whole wave (one task), so the switch never diverges.
+template <int MinVB, int MaxG, typename F>
 HIPDLRM_DEVICE void with_shape(int group_width, int vec_bytes, F&& f) {
   switch (group_width) {
     case 8: with_vec<8, MinVB>(vec_bytes, f); break;
     case 16: with_vec<16, MinVB>(vec_bytes, f); break;
     case 32: with_vec<32, MinVB>(vec_bytes, f); break;
-    case 64: if constexpr (gpu::kWaveSize >= 64) with_vec<64, MinVB>(vec_bytes, f); break;
+    case 64: if constexpr (MaxG >= 64 && gpu::kWaveSize >= 64) with_vec<64, MinVB>(vec_bytes, f); break;
     default: break;
   }
 }

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kBlock)
     cursor.seek(members, num_members, t);
     const Member& m = members[cursor.k];
     const std::int64_t local = t - cursor.begin;
-    with_shape<2>(m.group_width, m.vec_bytes,
+    with_shape<2, 64>(m.group_width, m.vec_bytes,
                   [&](auto G, auto VB) { gather_task<decltype(G)::value, decltype(VB)::value>(m, local); });
   }
 }
