@@ -24,7 +24,7 @@
 #include "group_index_select.h"
 #include "group_index_select_device.h"
 #include "hipdlrm/gpu/atomics.h"
-#include "hipdlrm/gpu/half_types.h"
+#include "hipdlrm/gpu/numeric.h"
 
 namespace hipdlrm {
 namespace kernels {

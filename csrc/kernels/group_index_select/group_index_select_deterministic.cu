@@ -20,7 +20,7 @@
 #include "group_index_select.h"
 #include "group_index_select_device.h"
 #include "hipdlrm/gpu/device_sort.h"
-#include "hipdlrm/gpu/half_types.h"
+#include "hipdlrm/gpu/numeric.h"
 
 namespace hipdlrm {
 namespace kernels {
