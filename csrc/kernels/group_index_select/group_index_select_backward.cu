@@ -24,7 +24,7 @@
 #include "group_index_select.h"
 #include "group_index_select_device.h"
 #include "hipdlrm/gpu/atomics.h"
-#include "hipdlrm/gpu/half_types.h"
+#include "hipdlrm/gpu/numeric.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -192,20 +192,26 @@ __global__ void __launch_bounds__(kBlock)
     cursor.seek(members, num_members, t);
     const Member& m = members[cursor.k];
     const std::int64_t local = t - cursor.begin;
-    with_shape<static_cast<int>(sizeof(T))>(m.group_width, m.vec_bytes, [&](auto G, auto VB) {
+    with_shape<static_cast<int>(sizeof(T)), kAutoMaxGroupWidth>(m.group_width, m.vec_bytes, [&](auto G, auto VB) {
       scatter_task<T, S, decltype(G)::value, decltype(VB)::value>(m, local);
     });
   }
 }
 
-template <typename T>
-void launch_scatter_typed(const Member* members, int n, std::int64_t tasks, int slots, std::int64_t grid,
+template <typename T, int S>
+void launch_scatter_slots(const Member* members, int n, std::int64_t tasks, const LaunchConfig& cfg,
                           gpu::stream_t stream) {
-  const auto g = static_cast<unsigned>(grid);
+  const auto grid = static_cast<unsigned>(task_grid<scatter_kernel<T, S>>(tasks, cfg));
+  scatter_kernel<T, S><<<grid, kBlock, 0, stream>>>(members, n, tasks);
+}
+
+template <typename T>
+void launch_scatter_typed(const Member* members, int n, std::int64_t tasks, int slots, const LaunchConfig& cfg,
+                          gpu::stream_t stream) {
   switch (slots) {
-    case 0: scatter_kernel<T, 0><<<g, kBlock, 0, stream>>>(members, n, tasks); break;
-    case 1: scatter_kernel<T, 1><<<g, kBlock, 0, stream>>>(members, n, tasks); break;
-    default: scatter_kernel<T, 2><<<g, kBlock, 0, stream>>>(members, n, tasks); break;
+    case 0: launch_scatter_slots<T, 0>(members, n, tasks, cfg, stream); break;
+    case 1: launch_scatter_slots<T, 1>(members, n, tasks, cfg, stream); break;
+    default: launch_scatter_slots<T, 2>(members, n, tasks, cfg, stream); break;
   }
 }
 
@@ -216,19 +222,18 @@ gpu::status_t launch_scatter(const void* descriptors, const Plan& plan, DType dt
   const Member* members = members_of(descriptors);
   const int n = static_cast<int>(plan.members.size());
   if (plan.total_fill_tasks > 0) {
-    fill_kernel<<<static_cast<unsigned>(task_grid(plan.total_fill_tasks, cfg)), kBlock, 0, stream>>>(
+    fill_kernel<<<static_cast<unsigned>(task_grid<fill_kernel>(plan.total_fill_tasks, cfg)), kBlock, 0, stream>>>(
         members, n, plan.total_fill_tasks);
     const gpu::status_t st = gpu::last_launch_status();
     if (st != gpu::kSuccess) return st;
   }
   if (plan.total_tasks == 0) return gpu::kSuccess;
-  const std::int64_t grid = task_grid(plan.total_tasks, cfg);
   const std::int64_t tasks = plan.total_tasks;
   switch (dtype) {
-    case DType::kFloat16: launch_scatter_typed<gpu::half_t>(members, n, tasks, cache_slots, grid, stream); break;
-    case DType::kBFloat16: launch_scatter_typed<gpu::bfloat16_t>(members, n, tasks, cache_slots, grid, stream); break;
-    case DType::kFloat64: launch_scatter_typed<double>(members, n, tasks, cache_slots, grid, stream); break;
-    default: launch_scatter_typed<float>(members, n, tasks, cache_slots, grid, stream); break;
+    case DType::kFloat16: launch_scatter_typed<gpu::half_t>(members, n, tasks, cache_slots, cfg, stream); break;
+    case DType::kBFloat16: launch_scatter_typed<gpu::bfloat16_t>(members, n, tasks, cache_slots, cfg, stream); break;
+    case DType::kFloat64: launch_scatter_typed<double>(members, n, tasks, cache_slots, cfg, stream); break;
+    default: launch_scatter_typed<float>(members, n, tasks, cache_slots, cfg, stream); break;
   }
   return gpu::last_launch_status();
 }

@@ -20,7 +20,7 @@
 #include "group_index_select.h"
 #include "group_index_select_device.h"
 #include "hipdlrm/gpu/device_sort.h"
-#include "hipdlrm/gpu/half_types.h"
+#include "hipdlrm/gpu/numeric.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -163,16 +163,17 @@ __global__ void __launch_bounds__(kBlock)
     cursor.seek(members, num_members, t);
     const Member& m = members[cursor.k];
     const std::int64_t local = t - cursor.begin;
-    with_shape<static_cast<int>(sizeof(T))>(m.group_width, m.vec_bytes, [&](auto G, auto VB) {
+    with_shape<static_cast<int>(sizeof(T)), kAutoMaxGroupWidth>(m.group_width, m.vec_bytes, [&](auto G, auto VB) {
       segment_task<T, decltype(G)::value, decltype(VB)::value>(m, local, keys, vals, n);
     });
   }
 }
 
 template <typename T>
-void launch_segments(const Member* members, int n, std::int64_t tasks, std::int64_t grid, const key_t* keys,
-                     const key_t* vals, std::int64_t positions, gpu::stream_t stream) {
-  segment_kernel<T><<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(members, n, tasks, keys, vals, positions);
+void launch_segments(const Member* members, int n, std::int64_t tasks, const key_t* keys, const key_t* vals,
+                     std::int64_t positions, const LaunchConfig& cfg, gpu::stream_t stream) {
+  const auto grid = static_cast<unsigned>(task_grid<segment_kernel<T>>(tasks, cfg));
+  segment_kernel<T><<<grid, kBlock, 0, stream>>>(members, n, tasks, keys, vals, positions);
 }
 
 }  // namespace
@@ -196,7 +197,7 @@ gpu::status_t launch_deterministic(const void* descriptors, const Plan& plan, DT
     const int bits = key_bits(plan.total_rows);
     const std::size_t temp_bytes = sort_temp_bytes(n, bits);
     SortBuffers b = carve(workspace, n, temp_bytes);
-    const std::int64_t grid = gpu::capped_grid(n, kBlock, kBlock, resident_blocks(cfg));
+    const std::int64_t grid = item_grid<keys_kernel>(n, cfg);
     keys_kernel<<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(members, num_members, n,
                                                                     static_cast<key_t>(plan.total_rows), b.keys_in,
                                                                     b.vals_in);
@@ -208,20 +209,19 @@ gpu::status_t launch_deterministic(const void* descriptors, const Plan& plan, DT
     sorted_keys = b.keys_out;
     sorted_vals = b.vals_out;
   }
-  const std::int64_t grid = task_grid(plan.total_tasks, cfg);
+  const std::int64_t tasks = plan.total_tasks;
   switch (dtype) {
     case DType::kFloat16:
-      launch_segments<gpu::half_t>(members, num_members, plan.total_tasks, grid, sorted_keys, sorted_vals, n, stream);
+      launch_segments<gpu::half_t>(members, num_members, tasks, sorted_keys, sorted_vals, n, cfg, stream);
       break;
     case DType::kBFloat16:
-      launch_segments<gpu::bfloat16_t>(members, num_members, plan.total_tasks, grid, sorted_keys, sorted_vals, n,
-                                       stream);
+      launch_segments<gpu::bfloat16_t>(members, num_members, tasks, sorted_keys, sorted_vals, n, cfg, stream);
       break;
     case DType::kFloat64:
-      launch_segments<double>(members, num_members, plan.total_tasks, grid, sorted_keys, sorted_vals, n, stream);
+      launch_segments<double>(members, num_members, tasks, sorted_keys, sorted_vals, n, cfg, stream);
       break;
     default:
-      launch_segments<float>(members, num_members, plan.total_tasks, grid, sorted_keys, sorted_vals, n, stream);
+      launch_segments<float>(members, num_members, tasks, sorted_keys, sorted_vals, n, cfg, stream);
       break;
   }
   return gpu::last_launch_status();

@@ -15,24 +15,35 @@ namespace kernels {
 namespace group_index_select {
 
 constexpr int kBlock = 256;
-constexpr int kBlocksPerSM = 8;  // residency cap of the grid-stride loops
-constexpr int kUnroll = 4;       // independent loads in flight per lane
-
-inline std::int64_t resident_blocks(const LaunchConfig& cfg) {
-  return cfg.multiprocessors > 0 ? static_cast<std::int64_t>(cfg.multiprocessors) * kBlocksPerSM : 0;
-}
-
-// Blocks for `tasks` wave-sized tasks, as many per block as the block has waves.
-inline std::int64_t task_grid(std::int64_t tasks, const LaunchConfig& cfg) {
-  const int waves_per_block = cfg.wave_size > 0 ? std::max(kBlock / cfg.wave_size, 1) : 1;
-  return gpu::capped_grid(tasks, waves_per_block, kBlock, resident_blocks(cfg));
-}
+constexpr int kUnroll = 4;  // independent loads in flight per lane
 
 inline const Member* members_of(const void* descriptors) {
   return reinterpret_cast<const Member*>(static_cast<const unsigned char*>(descriptors) + sizeof(Header));
 }
 
 #if defined(HIPDLRM_DEVICE_CODE)
+
+// Grid-stride kernels get as many blocks as fit on the device at once (occupancy queried once per
+// kernel), never more than the work needs.
+template <auto Kernel>
+std::int64_t resident_blocks(const LaunchConfig& cfg) {
+  static const int per_multiprocessor = gpu::resident_blocks_per_multiprocessor(Kernel, kBlock);
+  return cfg.multiprocessors > 0 ? static_cast<std::int64_t>(cfg.multiprocessors) * std::max(per_multiprocessor, 1)
+                                 : 0;
+}
+
+// Blocks for `tasks` wave-sized tasks, as many per block as the block has waves.
+template <auto Kernel>
+std::int64_t task_grid(std::int64_t tasks, const LaunchConfig& cfg) {
+  const int waves_per_block = cfg.wave_size > 0 ? std::max(kBlock / cfg.wave_size, 1) : 1;
+  return gpu::capped_grid(tasks, waves_per_block, kBlock, resident_blocks<Kernel>(cfg));
+}
+
+// Blocks for `items` items, one per thread per pass.
+template <auto Kernel>
+std::int64_t item_grid(std::int64_t items, const LaunchConfig& cfg) {
+  return gpu::capped_grid(items, kBlock, kBlock, resident_blocks<Kernel>(cfg));
+}
 
 // VB raw bytes, aligned to VB so that one access is one vector load or store.
 template <int VB>
@@ -51,8 +62,8 @@ HIPDLRM_DEVICE void store_chunk(unsigned char* p, const Chunk<VB>& v) {
 }
 
 HIPDLRM_DEVICE std::int64_t load_index(const Member& m, std::int64_t i) {
-  return m.index_bytes == 8 ? gpu::load_global(static_cast<const std::int64_t*>(m.indices) + i)
-                            : static_cast<std::int64_t>(gpu::load_global(static_cast<const std::int32_t*>(m.indices) + i));
+  if (m.index_bytes == 8) return gpu::load_global(static_cast<const std::int64_t*>(m.indices) + i);
+  return gpu::load_global(static_cast<const std::int32_t*>(m.indices) + i);
 }
 
 HIPDLRM_DEVICE bool row_in_range(std::int64_t row, std::int64_t num_rows) {
@@ -104,15 +115,16 @@ HIPDLRM_DEVICE void with_vec(int vec_bytes, F&& f) {
 }
 
 // Calls f(Int<group_width>, Int<vec_bytes>) for the member's shape; vectors narrower than MinVB (one
-// element) are never planned. The 64-lane group exists only where the wave has 64 lanes. The values are
-// the same for the whole wave (one task), so the switch never diverges.
-template <int MinVB, typename F>
+// element) are never planned. Groups wider than MaxG are not compiled: the 64-lane group exists only in
+// the forward (the automatic choice stops at 32; 64 is the ablation) and only where the wave has 64
+// lanes. The values are the same for the whole wave (one task), so the switch never diverges.
+template <int MinVB, int MaxG, typename F>
 HIPDLRM_DEVICE void with_shape(int group_width, int vec_bytes, F&& f) {
   switch (group_width) {
     case 8: with_vec<8, MinVB>(vec_bytes, f); break;
     case 16: with_vec<16, MinVB>(vec_bytes, f); break;
     case 32: with_vec<32, MinVB>(vec_bytes, f); break;
-    case 64: if constexpr (gpu::kWaveSize >= 64) with_vec<64, MinVB>(vec_bytes, f); break;
+    case 64: if constexpr (MaxG >= 64 && gpu::kWaveSize >= 64) with_vec<64, MinVB>(vec_bytes, f); break;
     default: break;
   }
 }

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kBlock)
     cursor.seek(members, num_members, t);
     const Member& m = members[cursor.k];
     const std::int64_t local = t - cursor.begin;
-    with_shape<2>(m.group_width, m.vec_bytes,
+    with_shape<2, 64>(m.group_width, m.vec_bytes,
                   [&](auto G, auto VB) { gather_task<decltype(G)::value, decltype(VB)::value>(m, local); });
   }
 }
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kBlock)
 gpu::status_t launch_validate(void* descriptors, const Plan& plan, std::uint64_t* result, const LaunchConfig& cfg,
                               gpu::stream_t stream) {
   if (plan.total_positions == 0) return gpu::kSuccess;
-  const std::int64_t grid = gpu::capped_grid(plan.total_positions, kBlock, kBlock, resident_blocks(cfg));
+  const std::int64_t grid = item_grid<validate_kernel>(plan.total_positions, cfg);
   validate_kernel<<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(
       members_of(descriptors), static_cast<int>(plan.members.size()), plan.total_positions,
       static_cast<Header*>(descriptors), result);
@@ -150,7 +150,7 @@ gpu::status_t launch_validate(void* descriptors, const Plan& plan, std::uint64_t
 
 gpu::status_t launch_forward(const void* descriptors, const Plan& plan, const LaunchConfig& cfg, gpu::stream_t stream) {
   if (plan.total_tasks == 0) return gpu::kSuccess;
-  gather_kernel<<<static_cast<unsigned>(task_grid(plan.total_tasks, cfg)), kBlock, 0, stream>>>(
+  gather_kernel<<<static_cast<unsigned>(task_grid<gather_kernel>(plan.total_tasks, cfg)), kBlock, 0, stream>>>(
       members_of(descriptors), static_cast<int>(plan.members.size()), plan.total_tasks);
   return gpu::last_launch_status();
 }

@@ -151,6 +151,8 @@ struct Plan {
 
 // Descriptors and task ranges of one pass. `wave_size` is the device's (device_wave_size); a kernel
 // compiled for another width still covers every item, only with a different number of passes per task.
+// `group_width_override` is for the forward (the backward kernels are compiled for the automatic
+// widths, 8 to kAutoMaxGroupWidth, only).
 inline Plan make_plan(const std::vector<MemberArgs>& args, DType dtype, Pass pass, int wave_size,
                       int group_width_override) {
   Plan plan;
@@ -168,7 +170,8 @@ inline Plan make_plan(const std::vector<MemberArgs>& args, DType dtype, Pass pas
     m.row_begin = plan.total_rows;
     m.index_bytes = a.indices_int64 ? 8 : 4;
     const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.src) | reinterpret_cast<std::uintptr_t>(a.dst);
-    const Shape s = choose_shape(m.row_bytes, elem, addr_bits, wave_size, group_width_override, pass == Pass::kForward);
+    const bool forward = pass == Pass::kForward;
+    const Shape s = choose_shape(m.row_bytes, elem, addr_bits, wave_size, forward ? group_width_override : 0, forward);
     m.group_width = s.group_width;
     m.vec_bytes = s.vec_bytes;
     m.tiles = s.tiles;

@@ -14,8 +14,12 @@
 // The 16-bit adds round the new value to nearest-even once per atomic, as the hardware does.
 #pragma once
 
-#include "hipdlrm/gpu/half_types.h"
+#include "hipdlrm/gpu/numeric.h"
 #include "hipdlrm/gpu/platform.h"
+
+#if defined(HIPDLRM_PLATFORM_CUDA)
+#include <cuda_bf16.h>
+#endif
 
 namespace hipdlrm {
 namespace gpu {
@@ -44,7 +48,7 @@ HIPDLRM_DEVICE void atomic_update_u32(unsigned* word, F next) {
 template <typename T>
 HIPDLRM_DEVICE unsigned add_to_bits(unsigned bits16, float v) {
   const T old{static_cast<std::uint16_t>(bits16)};
-  return from_acc<T>(to_acc(old) + v).bits;
+  return from_float<T>(to_float(old) + v).bits;
 }
 
 // Adds a and b to the 16-bit pair (low half first) at p, p 4-byte aligned.

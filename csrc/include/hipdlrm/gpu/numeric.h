@@ -27,6 +27,18 @@ struct bfloat16_t {
 };
 static_assert(sizeof(half_t) == 2 && sizeof(bfloat16_t) == 2, "16-bit storage types must be 2 bytes");
 
+// Accumulation type of a storage type: fp32 for fp32 and the 16-bit formats, fp64 for fp64.
+template <typename T>
+struct acc_type {
+  using type = float;
+};
+template <>
+struct acc_type<double> {
+  using type = double;
+};
+template <typename T>
+using acc_t = typename acc_type<T>::type;
+
 #if defined(HIPDLRM_DEVICE_CODE)
 
 HIPDLRM_DEVICE float to_float(float v) { return v; }
@@ -129,6 +141,25 @@ HIPDLRM_DEVICE void store_from_float(T* p, const float (&in)[N], bool aligned) {
 #pragma unroll
     for (int i = 0; i < N; ++i) p[i] = vals[i];
   }
+}
+
+// Storage <-> accumulation type: to_float / from_float, and the identity for fp64. from_acc rounds once,
+// as the CPU does, so a kernel summing in the CPU's order in acc_t reproduces the CPU's bits.
+template <typename T>
+HIPDLRM_DEVICE acc_t<T> to_acc(T v) {
+  return to_float(v);
+}
+template <>
+HIPDLRM_DEVICE double to_acc<double>(double v) {
+  return v;
+}
+template <typename T>
+HIPDLRM_DEVICE T from_acc(acc_t<T> v) {
+  return from_float<T>(v);
+}
+template <>
+HIPDLRM_DEVICE double from_acc<double>(double v) {
+  return v;
 }
 
 HIPDLRM_DEVICE bool is_aligned(const void* p, std::size_t bytes) {
