@@ -193,7 +193,9 @@ class TBELookupFunction(torch.autograd.Function):
                 module.rows_per_table, module.row_offsets, module.total_rows, module.total_D, module.max_D, indices,
                 offsets, int(module.pooling_mode), per_sample_weights)
             if ctx.needs_input_grad[3]:
-                grad_weights = torch.sparse_coo_tensor(element.unsqueeze(0), values, (module.weights.numel(),))
+                # Segments ascend by row, and tables by offset: the indices are sorted and unique.
+                grad_weights = torch.sparse_coo_tensor(element.unsqueeze(0), values, (module.weights.numel(),),
+                                                       check_invariants=False, is_coalesced=True)
         if not ctx.needs_input_grad[4]:
             grad_psw = None
         return None, None, None, grad_weights, grad_psw
