@@ -616,7 +616,7 @@ def test_gpu_hot_row_matches_cpu_closely():
 
 @requires_gpu
 def test_gpu_skips_bad_lookups_without_fault():
-    """IGNORE mode lets -1 and repaired indices through; the GPU never faults and matches the CPU."""
+    """Pruned (-1) lookups and MEAN bags that count them: skipped on the GPU as on the CPU."""
     cpu = make_module([(20, 8), (10, 4)], None, PoolingMode.MEAN, OptimType.EXACT_ROWWISE_ADAGRAD, seed=6)
     gpu = copy.deepcopy(cpu).to("cuda")
     indices = torch.tensor([3, -1, 5, 19, 0, 9, -1])
