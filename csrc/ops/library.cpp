@@ -10,6 +10,7 @@ TORCH_LIBRARY(hipdlrm, m) {
   hipdlrm::ops::bounds_check::define(m);
   hipdlrm::ops::group_index_select::define(m);
   hipdlrm::ops::tbe::define(m);
+  hipdlrm::ops::tbe::define_backward(m);
 }
 
 #if defined(HIPDLRM_PYTHON_MODULE)

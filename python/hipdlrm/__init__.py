@@ -9,6 +9,7 @@ from . import _C  # noqa: F401  (registers torch.ops.hipdlrm.*)
 from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
 from .group_index_select import group_index_select
 from .tbe import PoolingMode, TableBatchedEmbedding
+from .tbe_training import OptimType, WeightDecayMode
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,6 @@ __all__ = [
     "group_index_select",
     "PoolingMode",
     "TableBatchedEmbedding",
+    "OptimType",
+    "WeightDecayMode",
 ]

@@ -19,9 +19,11 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 from torch import nn
 
+from . import tbe_training
 from .bounds_check import BoundsCheckMode
+from .tbe_training import OptimType, WeightDecayMode
 
-__all__ = ["PoolingMode", "TableBatchedEmbedding"]
+__all__ = ["OptimType", "PoolingMode", "TableBatchedEmbedding", "WeightDecayMode"]
 
 
 class PoolingMode(enum.IntEnum):
@@ -70,9 +72,16 @@ class TableBatchedEmbedding(nn.Module):
             raises; WARNING repairs them in place (an out-of-range index becomes 0, as FBGEMM does) and
             prints a line; IGNORE repairs silently. Index -1 is a pruned row and contributes nothing.
         device: where the tables live; default the current CUDA device if there is one, else the CPU.
+        optimizer: the update fused into the backward (``OptimType``; tbe_training.py): ``loss.backward()``
+            updates the tables in place. ``OptimType.NONE`` gives ``weights.grad`` a sparse gradient
+            instead; ``None`` makes an inference-only module (weights that do not require grad).
+        learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2: the optimizer's settings
+            (beta1/beta2: Adam only; eps: row-wise Adagrad and Adam).
+        stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
+            each update, instead of to nearest.
 
-    Attributes: ``weights`` (the flat tables, an ``nn.Parameter`` that does not require grad: training
-    comes with the backward), and the per-feature buffers ``weights_offsets`` (int64), ``D_offsets``
+    Attributes: ``weights`` (the flat tables, an ``nn.Parameter``; it requires grad unless
+    ``optimizer`` is None), the optimizer state (``split_optimizer_states()``), and the per-feature buffers ``weights_offsets`` (int64), ``D_offsets``
     (int32, T + 1 entries) and ``rows_per_table`` (int64) that the op takes.
     """
 
@@ -85,6 +94,14 @@ class TableBatchedEmbedding(nn.Module):
         output_dtype: torch.dtype = torch.float32,
         bounds_check_mode: Union[BoundsCheckMode, int] = BoundsCheckMode.WARNING,
         device: Optional[Union[str, int, torch.device]] = None,
+        optimizer: Optional[Union[OptimType, int]] = OptimType.EXACT_ROWWISE_ADAGRAD,
+        learning_rate: float = 0.01,
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        weight_decay_mode: Union[WeightDecayMode, int] = WeightDecayMode.NONE,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        stochastic_rounding: bool = True,
     ) -> None:
         super().__init__()
         specs = self._validate_specs(embedding_specs)
@@ -141,6 +158,8 @@ class TableBatchedEmbedding(nn.Module):
                              persistent=False)
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
+        tbe_training.setup_training(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1,
+                                    beta2, stochastic_rounding)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -164,6 +183,11 @@ class TableBatchedEmbedding(nn.Module):
         return [flat[off:off + rows * dim].view(rows, dim)
                 for off, (rows, dim) in zip(self.table_offsets, self.embedding_specs)]
 
+    def split_optimizer_states(self) -> List[List[torch.Tensor]]:
+        """Per table, views of its optimizer state: row-wise Adagrad ``[state [rows]]``, Adam
+        ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, otherwise ``[]``."""
+        return tbe_training.split_optimizer_states(self)
+
     @torch.no_grad()
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
         """Fills every table with values drawn uniformly from [min_val, max_val)."""
@@ -185,6 +209,9 @@ class TableBatchedEmbedding(nn.Module):
         indices, offsets = indices.contiguous(), offsets.contiguous()
         torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, indices, offsets, int(self.bounds_check_mode),
                                                self.bounds_check_warning, None, None, -1)
+        if torch.is_grad_enabled() and (self.weights.requires_grad or (
+                per_sample_weights is not None and per_sample_weights.requires_grad)):
+            return tbe_training.lookup(self, indices, offsets, per_sample_weights)
         return torch.ops.hipdlrm.tbe_forward(self.weights, self.weights_offsets, self.D_offsets, self.rows_per_table,
                                              self.total_D, self.max_D, indices, offsets, int(self.pooling_mode),
                                              per_sample_weights, self.output_dtype)
@@ -214,4 +241,5 @@ class TableBatchedEmbedding(nn.Module):
     def extra_repr(self) -> str:
         return (f"tables={len(self.embedding_specs)}, features={self.num_features}, total_D={self.total_D}, "
                 f"pooling_mode={self.pooling_mode.name}, weights_precision={self.weights_precision}, "
-                f"output_dtype={self.output_dtype}, bounds_check_mode={self.bounds_check_mode.name}")
+                f"output_dtype={self.output_dtype}, bounds_check_mode={self.bounds_check_mode.name}, "
+                f"optimizer={None if self.optimizer is None else self.optimizer.name}")

@@ -212,7 +212,7 @@ def test_init_embedding_weights_uniform_bounds():
 
 
 def test_buffers_describe_features():
-    module = TableBatchedEmbedding([(10, 4), (20, 8)], feature_table_map=[1, 0, 1], device="cpu")
+    module = TableBatchedEmbedding([(10, 4), (20, 8)], feature_table_map=[1, 0, 1], device="cpu", optimizer=None)
     assert module.D_offsets.tolist() == [0, 8, 12, 20]
     assert module.rows_per_table.tolist() == [20, 10, 20]
     assert module.weights_offsets.tolist() == [module.table_offsets[1], 0, module.table_offsets[1]]

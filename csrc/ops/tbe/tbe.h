@@ -40,6 +40,15 @@ ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor
 at::Tensor empty_forward_output(const ForwardShape& shape, std::int64_t total_D, std::int64_t max_D,
                                 const at::Tensor& weights, at::ScalarType output_dtype);
 
+// The CPU value checks of tbe_forward (metadata, offsets, indices), for CPU tensors; the messages name
+// tbe_forward's arguments, which the backward ops share.
+void check_forward_values(const ForwardShape& shape, const at::Tensor& weights, const at::Tensor& weights_offsets,
+                          const at::Tensor& D_offsets, const at::Tensor& rows_per_table, std::int64_t total_D,
+                          std::int64_t max_D, const at::Tensor& indices, const at::Tensor& offsets);
+
+// Schemas of the backward ops (tbe_backward.cpp).
+void define_backward(torch::Library& m);
+
 }  // namespace tbe
 }  // namespace ops
 }  // namespace hipdlrm

@@ -228,6 +228,16 @@ at::Tensor empty_forward_output(const ForwardShape& s, std::int64_t total_D, std
   return at::empty({s.batch_size, total_D}, options);
 }
 
+void check_forward_values(const ForwardShape& s, const at::Tensor& weights, const at::Tensor& weights_offsets,
+                          const at::Tensor& D_offsets, const at::Tensor& rows_per_table, std::int64_t total_D,
+                          std::int64_t max_D, const at::Tensor& indices, const at::Tensor& offsets) {
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_check_values", [&] {
+    check_values<index_t>(s, weights_offsets.data_ptr<std::int64_t>(), D_offsets.data_ptr<std::int32_t>(),
+                          rows_per_table.data_ptr<std::int64_t>(), weights.numel(), total_D, max_D,
+                          indices.data_ptr<index_t>(), offsets.data_ptr<index_t>());
+  });
+}
+
 TORCH_LIBRARY_IMPL(hipdlrm, CPU, m) {
   m.impl("tbe_forward", &tbe_forward_cpu);
 }

@@ -1,5 +1,6 @@
-// One device-wide radix sort for every op that sorts (TBE backward, deterministic scatters): rocPRIM on
-// ROCm, CUB on CUDA, behind one signature. Include from device translation units only.
+// Device-wide radix sort and prefix scan for every op that sorts or segments (TBE backward,
+// deterministic scatters): rocPRIM on ROCm, CUB on CUDA, behind one signature each. Include from device
+// translation units only.
 //
 // Two-call protocol as in both libraries: call with temp == nullptr to get temp_bytes, then again.
 #pragma once
@@ -10,6 +11,7 @@
 #include <rocprim/rocprim.hpp>
 #else
 #include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
 #endif
 
 namespace hipdlrm {
@@ -27,6 +29,16 @@ status_t radix_sort_pairs(void* temp, std::size_t& temp_bytes, const Key* keys_i
 #else
   return cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, values_in, values_out, n,
                                          begin_bit, end_bit, stream);
+#endif
+}
+
+// out[i] = in[0] + ... + in[i] (inclusive prefix sum). n may be 0. Same two-call protocol.
+template <typename T>
+status_t inclusive_sum(void* temp, std::size_t& temp_bytes, const T* in, T* out, std::int64_t n, stream_t stream) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return rocprim::inclusive_scan(temp, temp_bytes, in, out, static_cast<std::size_t>(n), rocprim::plus<T>(), stream);
+#else
+  return cub::DeviceScan::InclusiveSum(temp, temp_bytes, in, out, n, stream);
 #endif
 }
 

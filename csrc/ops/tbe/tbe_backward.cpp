@@ -1,0 +1,434 @@
+// tbe_backward (fused optimizer update) and tbe_backward_sparse (gradient for an external optimizer):
+// schemas, argument checks, and the CPU implementation that the GPU path is tested against.
+//
+// The CPU implementation follows the GPU's plan step by step so that the two agree to the last bit of
+// every row gradient: the lookups are stably sorted by row (positions ascending within a row), each
+// row's gradient is summed in fp32 with fused multiply-adds in that order, and a row with more than
+// kHotPiece lookups is summed in pieces cut at the multiples of kHotPiece of the sorted order, the
+// pieces then added in order. The optimizer arithmetic is the same too (the GPU's wave reduction of
+// row-wise Adagrad's sum of squares and of the per-sample-weight dot products may round differently).
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+#include "tbe_backward.h"
+
+namespace hipdlrm {
+namespace ops {
+namespace tbe {
+namespace {
+
+namespace ktbe = kernels::tbe;
+
+// The weight formats: float32, float16, bfloat16.
+#define HIPDLRM_TBE_DISPATCH_WEIGHTS(TYPE, NAME, ...)                         \
+  AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)    \
+                                     AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
+                                         AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+void check_state(const char* name, const at::Tensor& t, const at::Tensor& weights, std::int64_t numel,
+                 const char* why) {
+  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kFloat, "tbe_backward: ", name,
+              " must be a 1-D float32 tensor, got ", t.scalar_type(), " of shape ", t.sizes());
+  TORCH_CHECK(t.numel() == numel, "tbe_backward: ", name, " must have ", numel, " entries (", why, "), got ",
+              t.numel());
+  TORCH_CHECK(t.is_contiguous(), "tbe_backward: ", name, " must be contiguous");
+  TORCH_CHECK(t.device() == weights.device(), "tbe_backward: ", name, " is on ", t.device(), " but weights is on ",
+              weights.device());
+}
+
+// Per lookup: its bag (-1: it contributes nothing), sort key and gradient scale; then the contributing
+// lookups sorted by key (stable) and the segment boundaries in that order.
+struct Plan {
+  std::vector<std::int64_t> bag;
+  std::vector<std::int64_t> key;
+  std::vector<float> scale;
+  std::vector<std::int64_t> bag_len;    // [T * B]
+  std::vector<std::int64_t> order;      // positions, sorted
+  std::vector<std::int64_t> seg_start;  // [S + 1] into order
+};
+
+template <typename index_t>
+Plan make_plan(const BackwardShape& s, const std::int64_t* row_offsets, const index_t* idx, const index_t* off,
+               const float* psw) {
+  const std::int64_t T = s.forward.num_features, B = s.forward.batch_size, N = s.forward.num_indices;
+  const bool mean = s.forward.pooling_mode == ktbe::kMean;
+  Plan p;
+  p.bag.assign(static_cast<std::size_t>(N), -1);
+  p.key.assign(static_cast<std::size_t>(N), 0);
+  p.scale.assign(static_cast<std::size_t>(N), 0.0f);
+  p.bag_len.assign(static_cast<std::size_t>(T * B), 0);
+  for (std::int64_t g = 0; g < T * B; ++g) {
+    const std::int64_t start = off[g], end = off[g + 1];
+    p.bag_len[g] = end - start;
+    for (std::int64_t i = start; i < end; ++i) {
+      if (idx[i] < 0) continue;  // pruned
+      p.bag[i] = g;
+      p.key[i] = row_offsets[g / B] + static_cast<std::int64_t>(idx[i]);
+      float scale = psw != nullptr ? psw[i] : 1.0f;
+      if (mean) scale *= 1.0f / static_cast<float>(end - start);
+      p.scale[i] = scale;
+    }
+  }
+  for (std::int64_t i = 0; i < N; ++i)
+    if (p.bag[i] >= 0) p.order.push_back(i);
+  std::stable_sort(p.order.begin(), p.order.end(),
+                   [&](std::int64_t a, std::int64_t b) { return p.key[a] < p.key[b]; });
+  for (std::size_t j = 0; j < p.order.size(); ++j)
+    if (j == 0 || p.key[p.order[j]] != p.key[p.order[j - 1]]) p.seg_start.push_back(static_cast<std::int64_t>(j));
+  p.seg_start.push_back(static_cast<std::int64_t>(p.order.size()));
+  return p;
+}
+
+// Everything a segment's computation reads.
+struct Context {
+  const BackwardShape* shape;
+  const Plan* plan;
+  const float* grad_output;
+  const std::int64_t* weights_offsets;
+  const std::int32_t* D_offsets;
+  const std::int64_t* row_offsets;
+  std::int64_t total_D, max_D;
+};
+
+// Sum over sorted positions [lo, hi) of scale * grad row, into acc[0, D) (fma, in order, from zero).
+void sum_lookups(const Context& c, std::int64_t lo, std::int64_t hi, std::int64_t D, float* acc) {
+  std::fill(acc, acc + D, 0.0f);
+  const std::int64_t B = c.shape->forward.batch_size;
+  const bool sequence = c.shape->forward.pooling_mode == ktbe::kNone;
+  for (std::int64_t j = lo; j < hi; ++j) {
+    const std::int64_t pos = c.plan->order[j];
+    const std::int64_t g = c.plan->bag[pos], t = g / B;
+    const std::int64_t cols = std::min<std::int64_t>(D, c.D_offsets[t + 1] - c.D_offsets[t]);
+    const float* row = c.grad_output + (sequence ? pos * c.max_D : (g % B) * c.total_D + c.D_offsets[t]);
+    const float s = c.plan->scale[pos];
+    for (std::int64_t d = 0; d < cols; ++d) acc[d] = std::fma(s, row[d], acc[d]);
+  }
+}
+
+// The summed gradient of segment seg's row, as the GPU forms it (hot rows in pieces).
+void row_gradient(const Context& c, std::int64_t seg, std::int64_t D, float* acc, std::vector<float>& piece) {
+  const std::int64_t lo = c.plan->seg_start[seg], hi = c.plan->seg_start[seg + 1];
+  if (hi - lo <= ktbe::kHotPiece) {
+    sum_lookups(c, lo, hi, D, acc);
+    return;
+  }
+  std::fill(acc, acc + D, 0.0f);
+  piece.resize(static_cast<std::size_t>(D));
+  for (std::int64_t a = lo; a < hi;) {
+    const std::int64_t b = std::min(hi, (a / ktbe::kHotPiece + 1) * ktbe::kHotPiece);
+    sum_lookups(c, a, b, D, piece.data());
+    for (std::int64_t d = 0; d < D; ++d) acc[d] += piece[d];
+    a = b;
+  }
+}
+
+template <typename W>
+W round_weight(float v, const OptimizerArgs& o, std::uint64_t row, std::int64_t col) {
+  if constexpr (std::is_same<W, at::Half>::value) {
+    if (o.stochastic_rounding)
+      v = ktbe::stochastic_round_fp16(v, ktbe::rounding_bits(o.seed, o.step, row, static_cast<std::uint64_t>(col)));
+  } else if constexpr (std::is_same<W, at::BFloat16>::value) {
+    if (o.stochastic_rounding)
+      v = ktbe::stochastic_round_bf16(v, ktbe::rounding_bits(o.seed, o.step, row, static_cast<std::uint64_t>(col)));
+  }
+  return static_cast<W>(v);
+}
+
+// Applies the optimizer to one row given its summed gradient g[0, D).
+template <typename W>
+void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_offset, std::uint64_t key,
+               float* g, float* momentum1, float* momentum2) {
+  float multiplier = o.learning_rate;
+  if (o.optimizer == ktbe::kRowwiseAdagrad) {
+    float squares = 0.0f;
+    for (std::int64_t d = 0; d < D; ++d) {
+      if (o.weight_decay_mode == ktbe::kDecayL2) g[d] = std::fma(o.weight_decay, static_cast<float>(row[d]), g[d]);
+      squares = std::fma(g[d], g[d], squares);
+    }
+    const float updated = momentum1[key] + squares / static_cast<float>(D);
+    momentum1[key] = updated;
+    multiplier = o.learning_rate / (std::sqrt(updated) + o.eps);
+  }
+  for (std::int64_t d = 0; d < D; ++d) {
+    const float wv = static_cast<float>(row[d]);
+    float gd = g[d];
+    float next;
+    if (o.optimizer == ktbe::kSgd) {
+      if (o.weight_decay_mode != ktbe::kDecayNone) gd = std::fma(o.weight_decay, wv, gd);
+      next = wv - o.learning_rate * gd;
+    } else if (o.optimizer == ktbe::kRowwiseAdagrad) {
+      next = wv - multiplier * gd;  // L2 decay is already in g
+      if (o.weight_decay_mode == ktbe::kDecayDecoupled) next -= o.learning_rate * o.weight_decay * wv;
+    } else {
+      if (o.weight_decay_mode == ktbe::kDecayL2) gd = std::fma(o.weight_decay, wv, gd);
+      float& m1 = momentum1[row_offset + d];
+      float& m2 = momentum2[row_offset + d];
+      m1 = o.beta1 * m1 + (1.0f - o.beta1) * gd;
+      m2 = o.beta2 * m2 + (1.0f - o.beta2) * gd * gd;
+      next = wv - o.learning_rate * ((m1 / o.bias_correction1) / (std::sqrt(m2 / o.bias_correction2) + o.eps));
+      if (o.weight_decay_mode == ktbe::kDecayDecoupled) next -= o.learning_rate * o.weight_decay * wv;
+    }
+    row[d] = round_weight<W>(next, o, key, d);
+  }
+}
+
+// Validates values, builds the plan, computes the per-sample-weight gradient from the current weights.
+struct Prepared {
+  Plan plan;
+  Context ctx;
+  at::Tensor grad_output;
+  at::Tensor grad_psw;
+};
+
+Prepared prepare_cpu(const BackwardShape& s, const at::Tensor& grad_output, const at::Tensor& weights,
+                     const at::Tensor& weights_offsets, const at::Tensor& D_offsets, const at::Tensor& rows_per_table,
+                     const at::Tensor& row_offsets, std::int64_t total_D, std::int64_t max_D,
+                     const at::Tensor& indices, const at::Tensor& offsets,
+                     const std::optional<at::Tensor>& per_sample_weights) {
+  check_forward_values(s.forward, weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices,
+                       offsets);
+  const std::int64_t* ro = row_offsets.data_ptr<std::int64_t>();
+  const std::int64_t* rows = rows_per_table.data_ptr<std::int64_t>();
+  for (std::int64_t t = 0; t < s.forward.num_features; ++t) {
+    TORCH_CHECK(ro[t] >= 0 && ro[t] <= s.total_rows - rows[t], "tbe_backward: feature ", t, "'s rows (row_offsets[",
+                t, "] = ", ro[t], ", ", rows[t], " rows) do not fit in total_rows = ", s.total_rows);
+  }
+  Prepared p;
+  p.grad_output = grad_output.to(at::kFloat).contiguous();
+  const float* psw = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
+  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_backward_plan", [&] {
+    p.plan = make_plan<index_t>(s, ro, indices.data_ptr<index_t>(), offsets.data_ptr<index_t>(), psw);
+  });
+  p.ctx = Context{&s, &p.plan, p.grad_output.data_ptr<float>(), weights_offsets.data_ptr<std::int64_t>(),
+                  D_offsets.data_ptr<std::int32_t>(), ro, total_D, max_D};
+  const std::int64_t N = s.forward.num_indices;
+  p.grad_psw = per_sample_weights.has_value() ? at::zeros({N}, weights.options().dtype(at::kFloat))
+                                              : at::empty({0}, weights.options().dtype(at::kFloat));
+  if (psw == nullptr) return p;
+  float* out = p.grad_psw.data_ptr<float>();
+  const std::int64_t B = s.forward.batch_size;
+  const bool sequence = s.forward.pooling_mode == ktbe::kNone;
+  const bool mean = s.forward.pooling_mode == ktbe::kMean;
+  const Context& c = p.ctx;
+  const Plan& plan = p.plan;
+  HIPDLRM_TBE_DISPATCH_WEIGHTS(weights.scalar_type(), "tbe_backward_psw", [&] {
+    const scalar_t* w = weights.data_ptr<scalar_t>();
+    const std::int64_t* len = plan.bag_len.data();
+    at::parallel_for(0, N, 1024, [&](std::int64_t begin, std::int64_t end) {
+      for (std::int64_t i = begin; i < end; ++i) {
+        const std::int64_t g = plan.bag[i];
+        if (g < 0) continue;
+        const std::int64_t t = g / B;
+        const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
+        const scalar_t* row = w + c.weights_offsets[t] + (plan.key[i] - c.row_offsets[t]) * D;
+        const float* go = c.grad_output + (sequence ? i * max_D : (g % B) * total_D + c.D_offsets[t]);
+        float dot = 0.0f;
+        for (std::int64_t d = 0; d < D; ++d) dot = std::fma(go[d], static_cast<float>(row[d]), dot);
+        out[i] = mean ? dot * (1.0f / static_cast<float>(len[g])) : dot;
+      }
+    });
+  });
+  return p;
+}
+
+at::Tensor tbe_backward_cpu(const at::Tensor& grad_output, const at::Tensor& weights, const at::Tensor& weights_offsets,
+                            const at::Tensor& D_offsets, const at::Tensor& rows_per_table, const at::Tensor& row_offsets,
+                            std::int64_t total_rows, std::int64_t total_D, std::int64_t max_D,
+                            const at::Tensor& indices, const at::Tensor& offsets, std::int64_t pooling_mode,
+                            const std::optional<at::Tensor>& per_sample_weights, std::int64_t optimizer,
+                            const at::Tensor& momentum1, const at::Tensor& momentum2, double learning_rate,
+                            double eps, double beta1, double beta2, double weight_decay,
+                            std::int64_t weight_decay_mode, std::int64_t step, bool stochastic_rounding,
+                            std::int64_t seed) {
+  const BackwardShape s =
+      check_backward_arguments("tbe_backward", grad_output, weights, weights_offsets, D_offsets, rows_per_table,
+                               row_offsets, total_rows, total_D, max_D, indices, offsets, pooling_mode,
+                               per_sample_weights);
+  const OptimizerArgs o = check_optimizer_arguments(weights, total_rows, optimizer, momentum1, momentum2,
+                                                    learning_rate, eps, beta1, beta2, weight_decay, weight_decay_mode,
+                                                    step, stochastic_rounding, seed);
+  Prepared p = prepare_cpu(s, grad_output, weights, weights_offsets, D_offsets, rows_per_table, row_offsets, total_D,
+                           max_D, indices, offsets, per_sample_weights);
+  const Context& c = p.ctx;
+  const std::int64_t segments = static_cast<std::int64_t>(p.plan.seg_start.size()) - 1;
+  float* m1 = momentum1.numel() > 0 ? momentum1.data_ptr<float>() : nullptr;
+  float* m2 = momentum2.numel() > 0 ? momentum2.data_ptr<float>() : nullptr;
+  const std::int64_t B = s.forward.batch_size;
+  HIPDLRM_TBE_DISPATCH_WEIGHTS(weights.scalar_type(), "tbe_backward_cpu", [&] {
+    scalar_t* w = weights.data_ptr<scalar_t>();
+    at::parallel_for(0, segments, 64, [&](std::int64_t begin, std::int64_t end) {
+      std::vector<float> g(static_cast<std::size_t>(max_D)), piece;
+      for (std::int64_t seg = begin; seg < end; ++seg) {
+        const std::int64_t first = p.plan.order[p.plan.seg_start[seg]];
+        const std::int64_t t = p.plan.bag[first] / B;
+        const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
+        const std::uint64_t key = static_cast<std::uint64_t>(p.plan.key[first]);
+        const std::int64_t row_offset = c.weights_offsets[t] + (p.plan.key[first] - c.row_offsets[t]) * D;
+        row_gradient(c, seg, D, g.data(), piece);
+        apply_row<scalar_t>(o, w + row_offset, D, row_offset, key, g.data(), m1, m2);
+      }
+    });
+  });
+  return p.grad_psw;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_cpu(
+    const at::Tensor& grad_output, const at::Tensor& weights, const at::Tensor& weights_offsets,
+    const at::Tensor& D_offsets, const at::Tensor& rows_per_table, const at::Tensor& row_offsets,
+    std::int64_t total_rows, std::int64_t total_D, std::int64_t max_D, const at::Tensor& indices,
+    const at::Tensor& offsets, std::int64_t pooling_mode, const std::optional<at::Tensor>& per_sample_weights) {
+  const BackwardShape s =
+      check_backward_arguments("tbe_backward_sparse", grad_output, weights, weights_offsets, D_offsets,
+                               rows_per_table, row_offsets, total_rows, total_D, max_D, indices, offsets,
+                               pooling_mode, per_sample_weights);
+  Prepared p = prepare_cpu(s, grad_output, weights, weights_offsets, D_offsets, rows_per_table, row_offsets, total_D,
+                           max_D, indices, offsets, per_sample_weights);
+  const Context& c = p.ctx;
+  const std::int64_t segments = static_cast<std::int64_t>(p.plan.seg_start.size()) - 1;
+  const std::int64_t B = s.forward.batch_size;
+  const auto f32 = weights.options().dtype(at::kFloat);
+  at::Tensor grad_rows = at::zeros({segments, max_D}, f32);
+  at::Tensor seg_offsets = at::empty({segments}, weights.options().dtype(at::kLong));
+  at::Tensor seg_dims = at::empty({segments}, weights.options().dtype(at::kInt));
+  float* rows_out = grad_rows.data_ptr<float>();
+  std::int64_t* offs = seg_offsets.data_ptr<std::int64_t>();
+  std::int32_t* dims = seg_dims.data_ptr<std::int32_t>();
+  at::parallel_for(0, segments, 64, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<float> piece;
+    for (std::int64_t seg = begin; seg < end; ++seg) {
+      const std::int64_t first = p.plan.order[p.plan.seg_start[seg]];
+      const std::int64_t t = p.plan.bag[first] / B;
+      const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
+      offs[seg] = c.weights_offsets[t] + (p.plan.key[first] - c.row_offsets[t]) * D;
+      dims[seg] = static_cast<std::int32_t>(D);
+      row_gradient(c, seg, D, rows_out + seg * max_D, piece);
+    }
+  });
+  auto sparse = sparse_gradient_from_rows(grad_rows, seg_offsets, seg_dims, weights.scalar_type());
+  return {std::get<0>(sparse), std::get<1>(sparse), p.grad_psw};
+}
+
+}  // namespace
+
+void define_backward(torch::Library& m) {
+  m.def(
+      "tbe_backward(Tensor grad_output, Tensor(a!) weights, Tensor weights_offsets, Tensor D_offsets, "
+      "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
+      "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
+      "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
+      "int weight_decay_mode, int step, bool stochastic_rounding, int seed) -> Tensor");
+  m.def(
+      "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
+      "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
+      "Tensor offsets, int pooling_mode, Tensor? per_sample_weights) -> (Tensor, Tensor, Tensor)");
+}
+
+BackwardShape check_backward_arguments(const char* op, const at::Tensor& grad_output, const at::Tensor& weights,
+                                       const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
+                                       const at::Tensor& rows_per_table, const at::Tensor& row_offsets,
+                                       std::int64_t total_rows, std::int64_t total_D, std::int64_t max_D,
+                                       const at::Tensor& indices, const at::Tensor& offsets, std::int64_t pooling_mode,
+                                       const std::optional<at::Tensor>& per_sample_weights) {
+  const at::ScalarType go = grad_output.scalar_type();
+  TORCH_CHECK(go == at::kFloat || go == at::kHalf || go == at::kBFloat16, op,
+              ": grad_output must be float32, float16 or bfloat16, got ", go);
+  BackwardShape s;
+  s.forward = check_forward_arguments(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices,
+                                      offsets, pooling_mode, per_sample_weights, go);
+  const std::vector<std::int64_t> expected =
+      s.forward.pooling_mode == ktbe::kNone ? std::vector<std::int64_t>{s.forward.num_indices, max_D}
+                                            : std::vector<std::int64_t>{s.forward.batch_size, total_D};
+  TORCH_CHECK(grad_output.sizes() == at::IntArrayRef(expected), op, ": grad_output must have the forward output's shape ",
+              at::IntArrayRef(expected), ", got ", grad_output.sizes());
+  TORCH_CHECK(grad_output.device() == weights.device(), op, ": grad_output is on ", grad_output.device(),
+              " but weights is on ", weights.device());
+  const std::int64_t T = s.forward.num_features;
+  TORCH_CHECK(row_offsets.dim() == 1 && row_offsets.scalar_type() == at::kLong && row_offsets.numel() == T, op,
+              ": row_offsets must be a 1-D int64 tensor with ", T, " entries, got ", row_offsets.scalar_type(),
+              " of shape ", row_offsets.sizes());
+  TORCH_CHECK(row_offsets.is_contiguous(), op, ": row_offsets must be contiguous");
+  TORCH_CHECK(row_offsets.device() == weights.device(), op, ": row_offsets is on ", row_offsets.device(),
+              " but weights is on ", weights.device());
+  TORCH_CHECK(total_rows >= 0 && total_rows < (std::int64_t{1} << 62), op, ": total_rows must be in [0, 2^62), got ",
+              total_rows);
+  TORCH_CHECK(s.forward.num_indices < INT32_MAX, op, ": at most 2^31 - 2 indices are supported, got ",
+              s.forward.num_indices);
+  TORCH_CHECK(T * s.forward.batch_size < INT32_MAX, op, ": at most 2^31 - 2 bags (T * B) are supported, got ",
+              T * s.forward.batch_size);
+  s.total_rows = total_rows;
+  return s;
+}
+
+OptimizerArgs check_optimizer_arguments(const at::Tensor& weights, std::int64_t total_rows, std::int64_t optimizer,
+                                        const at::Tensor& momentum1, const at::Tensor& momentum2,
+                                        double learning_rate, double eps, double beta1, double beta2,
+                                        double weight_decay, std::int64_t weight_decay_mode, std::int64_t step,
+                                        bool stochastic_rounding, std::int64_t seed) {
+  TORCH_CHECK(optimizer == ktbe::kSgd || optimizer == ktbe::kRowwiseAdagrad || optimizer == ktbe::kAdam,
+              "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD) or 3 (ADAM), got ", optimizer);
+  TORCH_CHECK(weight_decay_mode >= ktbe::kDecayNone && weight_decay_mode <= ktbe::kDecayDecoupled,
+              "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", weight_decay_mode);
+  TORCH_CHECK(std::isfinite(learning_rate) && std::isfinite(weight_decay), "tbe_backward: learning_rate (",
+              learning_rate, ") and weight_decay (", weight_decay, ") must be finite");
+  if (optimizer == ktbe::kSgd) {
+    check_state("momentum1", momentum1, weights, 0, "EXACT_SGD keeps no state");
+    check_state("momentum2", momentum2, weights, 0, "EXACT_SGD keeps no state");
+  } else if (optimizer == ktbe::kRowwiseAdagrad) {
+    TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
+    check_state("momentum1", momentum1, weights, total_rows, "one per row, total_rows");
+    check_state("momentum2", momentum2, weights, 0, "EXACT_ROWWISE_ADAGRAD keeps one state");
+  } else {
+    TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
+    TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
+                "tbe_backward: beta1 and beta2 must be in [0, 1), got ", beta1, " and ", beta2);
+    TORCH_CHECK(step >= 1, "tbe_backward: step must be >= 1 for ADAM (its bias correction), got ", step);
+    check_state("momentum1", momentum1, weights, weights.numel(), "one per weight");
+    check_state("momentum2", momentum2, weights, weights.numel(), "one per weight");
+  }
+  TORCH_CHECK(step >= 0, "tbe_backward: step must be >= 0, got ", step);
+  OptimizerArgs o;
+  o.optimizer = static_cast<int>(optimizer);
+  o.weight_decay_mode = static_cast<int>(weight_decay_mode);
+  o.learning_rate = static_cast<float>(learning_rate);
+  o.eps = static_cast<float>(eps);
+  o.beta1 = static_cast<float>(beta1);
+  o.beta2 = static_cast<float>(beta2);
+  o.weight_decay = static_cast<float>(weight_decay);
+  if (optimizer == ktbe::kAdam) {
+    o.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
+    o.bias_correction2 = static_cast<float>(1.0 - std::pow(beta2, static_cast<double>(step)));
+    TORCH_CHECK(o.bias_correction1 > 0.0f && o.bias_correction2 > 0.0f,
+                "tbe_backward: ADAM's bias corrections 1 - beta^step must be > 0 (beta1 = ", beta1, ", beta2 = ", beta2,
+                ", step = ", step, ")");
+  }
+  o.stochastic_rounding = stochastic_rounding;
+  o.step = static_cast<std::uint64_t>(step);
+  o.seed = static_cast<std::uint64_t>(seed);
+  return o;
+}
+
+std::tuple<at::Tensor, at::Tensor> sparse_gradient_from_rows(const at::Tensor& grad_rows,
+                                                             const at::Tensor& segment_weight_offsets,
+                                                             const at::Tensor& segment_dims,
+                                                             at::ScalarType weights_dtype) {
+  const std::int64_t max_D = grad_rows.size(1);
+  const at::Tensor cols = at::arange(max_D, segment_weight_offsets.options());
+  const at::Tensor mask = cols.unsqueeze(0) < segment_dims.to(at::kLong).unsqueeze(1);
+  const at::Tensor element = segment_weight_offsets.unsqueeze(1) + cols.unsqueeze(0);
+  return {element.masked_select(mask), grad_rows.masked_select(mask).to(weights_dtype)};
+}
+
+TORCH_LIBRARY_IMPL(hipdlrm, CPU, m) {
+  m.impl("tbe_backward", &tbe_backward_cpu);
+  m.impl("tbe_backward_sparse", &tbe_backward_sparse_cpu);
+}
+
+}  // namespace tbe
+}  // namespace ops
+}  // namespace hipdlrm

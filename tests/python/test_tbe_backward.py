@@ -1,0 +1,627 @@
+"""Correctness tests for hipdlrm's TBE backward with the fused optimizer (docs/tbe.md, "Backward").
+
+- CPU training against plain PyTorch over several steps, for every optimizer: the tables as dense fp64
+  `nn.Parameter`s, the forward written with `F.embedding` / `F.embedding_bag`, autograd for the
+  gradient, then `torch.optim.SGD`, `torch.optim.SparseAdam` (Adam that updates only the rows a step
+  touches, as the fused update does) or row-wise Adagrad written out here; every pooling mode, weighted
+  bags, mixed dims, shared tables, pruned indices, empty bags, weight decay modes.
+- The sparse gradient of OptimType.NONE against autograd's dense gradient, and `gradcheck`.
+- Gradients of per_sample_weights; hot (Zipf) rows whose segments are summed in pieces.
+- GPU against CPU for every optimizer x pooling x weights dtype (weighted or not); GPU determinism (two
+  runs bit-identical, hot rows included).
+- state_dict round trip resumes training exactly; split_optimizer_states; stochastic rounding;
+  `torch.library.opcheck`; clear errors for bad input.
+- fbgemm_gpu as an oracle where its CPU build imports (it does not for torch 2.13: the test skips).
+"""
+import copy
+import zlib
+from typing import List, Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hipdlrm
+from conftest import HAS_GPU, requires_gpu
+from hipdlrm import BoundsCheckMode, OptimType, PoolingMode, TableBatchedEmbedding, WeightDecayMode
+
+FLOATS = [torch.float32, torch.float16, torch.bfloat16]
+POOLINGS = [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE]
+OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM]
+MIXED_SPECS = [(50, 4), (37, 8), (100, 16), (9, 3), (1, 64), (20, 130), (64, 36)]
+MIXED_MAP = [0, 1, 2, 3, 4, 5, 2, 6]
+SEQUENCE_SPECS = [(50, 24), (1, 24), (37, 24)]
+SEQUENCE_MAP = [0, 1, 2, 0]
+SETTINGS = dict(learning_rate=0.05, eps=1e-2, beta1=0.8, beta2=0.95)
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode())
+
+
+def make_module(specs, fmap, pooling, optimizer, weights=torch.float32, device="cpu", seed=0, **kwargs):
+    settings = {**SETTINGS, **kwargs}
+    module = TableBatchedEmbedding(specs, feature_table_map=fmap, pooling_mode=pooling, weights_precision=weights,
+                                   bounds_check_mode=BoundsCheckMode.FATAL, device=device, optimizer=optimizer,
+                                   **settings)
+    torch.manual_seed(seed)
+    module.init_embedding_weights_uniform(-1.0, 1.0)
+    return module
+
+
+def make_inputs(module, batch, seed, *, index_dtype=torch.int64, max_len=6, weighted=False, prune_frac=0.1,
+                hot=None):
+    """Random valid bags (some empty, some indices -1); `hot` = (feature, row, count) appends `count`
+    lookups of one row to the last bag of that feature."""
+    g = torch.Generator().manual_seed(seed)
+    T = module.num_features
+    lengths = torch.randint(0, max_len + 1, (T * batch,), generator=g)
+    lengths[torch.rand(T * batch, generator=g) < 0.2] = 0
+    if hot is not None:
+        lengths[hot[0] * batch + batch - 1] += hot[2]
+    offsets = torch.zeros(T * batch + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    rows = module.rows_per_table.cpu()
+    parts = []
+    for t in range(T):
+        n = int(lengths[t * batch:(t + 1) * batch].sum())
+        part = torch.randint(0, int(rows[t]), (n,), generator=g)
+        part[torch.rand(n, generator=g) < prune_frac] = -1
+        if hot is not None and t == hot[0]:
+            part[n - hot[2]:] = hot[1]
+        parts.append(part)
+    indices = torch.cat(parts)
+    psw = torch.rand(indices.numel(), generator=g) * 2 - 0.5 if weighted else None
+    return indices.to(index_dtype), offsets.to(index_dtype), psw
+
+
+def upstream(module, indices, offsets, seed):
+    """A fixed upstream gradient of the forward output's shape."""
+    g = torch.Generator().manual_seed(seed)
+    B = (offsets.numel() - 1) // module.num_features
+    shape = (indices.numel(), module.max_D) if module.pooling_mode == PoolingMode.NONE else (B, module.total_D)
+    return torch.randn(shape, generator=g)
+
+
+# ----------------------------------------------------------------------------------------------
+# Plain-PyTorch reference
+# ----------------------------------------------------------------------------------------------
+
+
+def reference_forward(tables: List[torch.Tensor], module, indices, offsets, psw):
+    """fp64 forward from dense tables (autograd flows to `tables` and `psw`)."""
+    indices, offsets = indices.long(), offsets.long()
+    T, n = module.num_features, indices.numel()
+    B = (offsets.numel() - 1) // T
+    valid = indices != -1
+    w = (psw.double() if psw is not None else torch.ones(n, dtype=torch.float64)) * valid
+    safe = indices.clamp(min=0)
+    if module.pooling_mode == PoolingMode.NONE:
+        rows = []
+        for f, t in enumerate(module.feature_table_map):
+            lo, hi = int(offsets[f * B]), int(offsets[(f + 1) * B])
+            rows.append(F.embedding(safe[lo:hi], tables[t]) * w[lo:hi, None])
+        return torch.cat(rows)
+    columns = []
+    for f, t in enumerate(module.feature_table_map):
+        bag_offsets = offsets[f * B:(f + 1) * B + 1]
+        lo, hi = int(bag_offsets[0]), int(bag_offsets[-1])
+        pooled = F.embedding_bag(safe[lo:hi], tables[t], bag_offsets - lo, mode="sum", per_sample_weights=w[lo:hi],
+                                 include_last_offset=True)
+        if module.pooling_mode == PoolingMode.MEAN:
+            pooled = pooled / (bag_offsets[1:] - bag_offsets[:-1]).clamp(min=1).double()[:, None]
+        columns.append(pooled)
+    return torch.cat(columns, dim=1)
+
+
+def touched_rows(module, indices, offsets) -> List[torch.Tensor]:
+    """Per table, a mask of the rows looked up (pruned indices excluded)."""
+    indices, offsets = indices.long(), offsets.long()
+    B = (offsets.numel() - 1) // module.num_features
+    masks = [torch.zeros(rows, dtype=torch.bool) for rows, _ in module.embedding_specs]
+    for f, t in enumerate(module.feature_table_map):
+        part = indices[int(offsets[f * B]):int(offsets[(f + 1) * B])]
+        masks[t][part[part >= 0]] = True
+    return masks
+
+
+class ReferenceTrainer:
+    """Dense fp64 tables trained with plain PyTorch optimizers (or row-wise Adagrad written out)."""
+
+    def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE):
+        self.module = module
+        self.optimizer = optimizer
+        self.wd, self.wd_mode = weight_decay, weight_decay_mode
+        self.tables = [torch.nn.Parameter(w.detach().cpu().double().clone()) for w in module.split_embedding_weights()]
+        self.state = [torch.zeros(t.shape[0], dtype=torch.float64) for t in self.tables]
+        lr = SETTINGS["learning_rate"]
+        if optimizer == OptimType.EXACT_SGD:
+            self.opt = torch.optim.SGD(self.tables, lr=lr, weight_decay=weight_decay)
+        self.m = [torch.zeros_like(t) for t in self.tables]
+        self.v = [torch.zeros_like(t) for t in self.tables]
+        self.steps = 0
+
+    def step(self, indices, offsets, psw, grad):
+        psw_param = None if psw is None else psw.double().clone().requires_grad_(True)
+        out = reference_forward(self.tables, self.module, indices, offsets, psw_param)
+        (out * grad.double()).sum().backward()
+        masks = touched_rows(self.module, indices, offsets)
+        with torch.no_grad():
+            if self.optimizer == OptimType.EXACT_SGD:
+                self.opt.step()
+            elif self.optimizer == OptimType.ADAM:
+                # torch.optim.Adam's formula on the touched rows only (torch.optim.SparseAdam would do that
+                # but adds eps to the uncorrected sqrt(v); test_adam_matches_torch_adam covers torch's Adam).
+                self.steps += 1
+                for t, m, v, mask in zip(self.tables, self.m, self.v, masks):
+                    m[mask], v[mask], t[mask] = adam_rows(t[mask], t.grad[mask], m[mask], v[mask], self.steps, 0.0)
+            else:
+                lr, eps = SETTINGS["learning_rate"], SETTINGS["eps"]
+                for t, s, mask in zip(self.tables, self.state, masks):
+                    g = t.grad[mask]
+                    w = t[mask]
+                    if self.wd_mode == WeightDecayMode.L2:
+                        g = g + self.wd * w
+                    s[mask] += (g * g).mean(dim=1)
+                    new = w - lr * g / (s[mask].sqrt() + eps)[:, None]
+                    if self.wd_mode == WeightDecayMode.DECOUPLED:
+                        new = new - lr * self.wd * w
+                    t[mask] = new
+            for t in self.tables:
+                t.grad = None
+        return None if psw_param is None else psw_param.grad
+
+
+def train_step(module, indices, offsets, psw, grad, device="cpu"):
+    """One forward + backward through the module; returns per_sample_weights' gradient (or None)."""
+    psw_leaf = None if psw is None else psw.to(device).clone().requires_grad_(True)
+    out = module(indices.to(device).clone(), offsets.to(device).clone(), psw_leaf)
+    out.backward(grad.to(device=device, dtype=out.dtype))
+    return None if psw_leaf is None else psw_leaf.grad
+
+
+def tol(dtype):
+    return {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float16: dict(rtol=2e-3, atol=2e-3),
+            torch.bfloat16: dict(rtol=1.6e-2, atol=1.6e-2)}[dtype]
+
+
+def case(pooling, optimizer, weights=torch.float32, device="cpu", seed=0, **kwargs):
+    specs, fmap = (SEQUENCE_SPECS, SEQUENCE_MAP) if pooling == PoolingMode.NONE else (MIXED_SPECS, MIXED_MAP)
+    return make_module(specs, fmap, pooling, optimizer, weights, device=device, seed=seed, **kwargs)
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU training against plain PyTorch
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64], ids=["int32", "int64"])
+def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype):
+    seed = _seed("train", optimizer, pooling, weighted, index_dtype)
+    module = case(pooling, optimizer, seed=seed)
+    ref = ReferenceTrainer(module, optimizer)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 6, seed + step, index_dtype=index_dtype, weighted=weighted)
+        grad = upstream(module, indices, offsets, seed + 100 + step)
+        ours_psw = train_step(module, indices, offsets, psw, grad)
+        ref_psw = ref.step(indices, offsets, psw, grad)
+        for t, (ours, theirs) in enumerate(zip(module.split_embedding_weights(), ref.tables)):
+            torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5,
+                                       msg=lambda m: f"step {step} table {t}: {m}")
+        if weighted:
+            torch.testing.assert_close(ours_psw.double(), ref_psw, rtol=1e-5, atol=1e-5)
+    if optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
+        for ours, theirs in zip(module.split_optimizer_states(), ref.state):
+            torch.testing.assert_close(ours[0].double(), theirs, rtol=1e-5, atol=1e-6)
+    if optimizer == OptimType.ADAM:
+        for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.v):
+            torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
+def test_rowwise_adagrad_weight_decay(mode):
+    module = case(PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, OptimType.EXACT_ROWWISE_ADAGRAD, 0.1, mode)
+    for step in range(2):
+        indices, offsets, psw = make_inputs(module, 5, 40 + step)
+        grad = upstream(module, indices, offsets, 50 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_sgd_l2_weight_decay_matches_torch_sgd():
+    module = make_module([(30, 8)], None, PoolingMode.SUM, OptimType.EXACT_SGD, weight_decay=0.2,
+                         weight_decay_mode=WeightDecayMode.L2)
+    ref = ReferenceTrainer(module, OptimType.EXACT_SGD, 0.2, WeightDecayMode.L2)
+    offsets = torch.arange(31) * 1
+    indices = torch.randperm(30)  # every row touched: dense SGD's decay then touches the same rows
+    grad = upstream(module, indices, offsets, 3)
+    train_step(module, indices, offsets, None, grad)
+    ref.step(indices, offsets, None, grad)
+    torch.testing.assert_close(module.split_embedding_weights()[0].double(), ref.tables[0].detach(), rtol=1e-5,
+                               atol=1e-6)
+
+
+def adam_rows(w, g, m, v, step, wd):
+    """Adam (torch.optim.Adam's formula; AdamW's decoupled decay when wd > 0) on some rows: new (m, v, w)."""
+    lr, b1, b2, eps = SETTINGS["learning_rate"], SETTINGS["beta1"], SETTINGS["beta2"], SETTINGS["eps"]
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    update = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
+    return m, v, w - lr * wd * w - lr * update
+
+
+def test_adam_matches_torch_adam():
+    """Every row looked up at every step, so dense torch.optim.Adam updates exactly the same rows."""
+    module = make_module([(30, 8), (20, 4)], None, PoolingMode.SUM, OptimType.ADAM, seed=8)
+    tables = [torch.nn.Parameter(w.detach().double().clone()) for w in module.split_embedding_weights()]
+    opt = torch.optim.Adam(tables, lr=SETTINGS["learning_rate"], betas=(SETTINGS["beta1"], SETTINGS["beta2"]),
+                           eps=SETTINGS["eps"])
+    for step in range(3):
+        indices = torch.cat([torch.randperm(30), torch.randperm(20)])
+        offsets = torch.tensor([0, 15, 30, 40, 50])
+        grad = upstream(module, indices, offsets, 60 + step)
+        train_step(module, indices, offsets, None, grad)
+        (reference_forward(tables, module, indices, offsets, None) * grad.double()).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    for ours, theirs in zip(module.split_embedding_weights(), tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_adam_decoupled_weight_decay_is_adamw():
+    module = make_module([(4, 8)], None, PoolingMode.SUM, OptimType.ADAM, weight_decay=0.3,
+                         weight_decay_mode=WeightDecayMode.DECOUPLED)
+    w = module.split_embedding_weights()[0].double().clone()
+    m = torch.zeros_like(w)
+    v = torch.zeros_like(w)
+    indices, offsets = torch.tensor([2, 0, 2]), torch.tensor([0, 3])
+    for step in (1, 2):
+        grad = upstream(module, indices, offsets, step)
+        train_step(module, indices, offsets, None, grad)
+        g = torch.zeros_like(w)
+        g[2] = 2 * grad[0].double()
+        g[0] = grad[0].double()
+        for r in (0, 2):
+            m[r], v[r], w[r] = adam_rows(w[r], g[r], m[r], v[r], step, 0.3)
+    torch.testing.assert_close(module.split_embedding_weights()[0].double(), w, rtol=1e-5, atol=1e-6)
+
+
+def test_hot_rows_are_summed_in_pieces():
+    """A row with 5000 lookups (several 1024-lookup pieces) and pieces straddling other rows."""
+    module = make_module([(40, 16), (30, 8)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, seed=3)
+    ref = ReferenceTrainer(module, OptimType.EXACT_ROWWISE_ADAGRAD)
+    for step, hot in enumerate([(0, 7, 5000), (1, 3, 2100)]):
+        indices, offsets, psw = make_inputs(module, 300, 70 + step, max_len=8, weighted=True, hot=hot)
+        grad = upstream(module, indices, offsets, 80 + step)
+        ours = train_step(module, indices, offsets, psw, grad)
+        theirs = ref.step(indices, offsets, psw, grad)
+        torch.testing.assert_close(ours.double(), theirs, rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("weights", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_half_precision_training_close_to_fp32(weights):
+    """fp32 math, one rounding per update: within a unit of the format of the fp32 result."""
+    base = case(PoolingMode.SUM, OptimType.ADAM, seed=9)
+    half = case(PoolingMode.SUM, OptimType.ADAM, weights, seed=9, stochastic_rounding=False)
+    with torch.no_grad():
+        for h, b in zip(half.split_embedding_weights(), base.split_embedding_weights()):
+            h.copy_(b)
+            b.copy_(h.float())
+    indices, offsets, _ = make_inputs(base, 6, 5)
+    grad = upstream(base, indices, offsets, 6)
+    train_step(base, indices, offsets, None, grad)
+    train_step(half, indices, offsets, None, grad)
+    for h, b in zip(half.split_embedding_weights(), base.split_embedding_weights()):
+        torch.testing.assert_close(h.float(), b, **tol(weights))
+    assert torch.isfinite(half.weights).all()
+
+
+# ----------------------------------------------------------------------------------------------
+# OptimType.NONE: the sparse gradient
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_sparse_gradient_matches_autograd(pooling, weighted):
+    module = case(pooling, OptimType.NONE, seed=11)
+    indices, offsets, psw = make_inputs(module, 6, 12, weighted=weighted)
+    grad = upstream(module, indices, offsets, 13)
+    before = module.weights.detach().clone()
+    ours_psw = train_step(module, indices, offsets, psw, grad)
+    assert torch.equal(module.weights.detach(), before)  # no update
+    assert module.weights.grad.is_sparse
+    tables = [torch.nn.Parameter(w.detach().double().clone()) for w in module.split_embedding_weights()]
+    psw_ref = None if psw is None else psw.double().clone().requires_grad_(True)
+    (reference_forward(tables, module, indices, offsets, psw_ref) * grad.double()).sum().backward()
+    dense = module.weights.grad.to_dense()
+    for t, (table, (off, (rows, dim))) in enumerate(zip(tables, zip(module.table_offsets, module.embedding_specs))):
+        torch.testing.assert_close(dense[off:off + rows * dim].view(rows, dim).double(), table.grad, rtol=1e-5,
+                                   atol=1e-5)
+    if weighted:
+        torch.testing.assert_close(ours_psw.double(), psw_ref.grad, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:Input #")
+def test_gradcheck_none_path():
+    """gradcheck of the lookup (linear in the weights and the per-sample weights) in fp32: the finite
+    differences of a linear function are exact up to rounding, hence the wide eps."""
+    module = make_module([(5, 3), (4, 2)], [0, 1, 0], PoolingMode.MEAN, OptimType.NONE, seed=2)
+    indices = torch.tensor([0, 4, 1, 3, 3, -1, 2, 0])
+    offsets = torch.tensor([0, 2, 3, 3, 5, 6, 8])
+    psw = torch.rand(8, requires_grad=True)
+
+    class Densify(torch.autograd.Function):
+        """Identity whose backward densifies the sparse weight gradient (gradcheck compares dense ones)."""
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad.to_dense()
+
+    def fn(weights, per_sample_weights):
+        return hipdlrm.tbe_training.TBELookupFunction.apply(module, indices, offsets, Densify.apply(weights),
+                                                            per_sample_weights)
+
+    assert torch.autograd.gradcheck(fn, (module.weights, psw), eps=1e-2, atol=1e-3, rtol=1e-3)
+
+
+def test_inference_module_gives_psw_gradient_only():
+    module = make_module([(10, 4)], None, PoolingMode.SUM, None)
+    assert not module.weights.requires_grad
+    indices, offsets, psw = make_inputs(module, 4, 1, weighted=True)
+    before = module.weights.detach().clone()
+    grad = upstream(module, indices, offsets, 2)
+    g = train_step(module, indices, offsets, psw, grad)
+    assert g is not None and g.shape == psw.shape
+    assert torch.equal(module.weights.detach(), before)
+
+
+# ----------------------------------------------------------------------------------------------
+# State, checkpoints, rounding
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+def test_state_dict_resumes_training_exactly(optimizer):
+    module = case(PoolingMode.SUM, optimizer, torch.float16, seed=21)
+    inputs = [make_inputs(module, 5, 30 + s) for s in range(3)]
+    grads = [upstream(module, i, o, 40 + s) for s, (i, o, _) in enumerate(inputs)]
+    train_step(module, *inputs[0], grads[0])
+    state = copy.deepcopy(module.state_dict())
+    resumed = case(PoolingMode.SUM, optimizer, torch.float16, seed=99)
+    resumed.load_state_dict(state)
+    for i in (1, 2):
+        train_step(module, *inputs[i], grads[i])
+        train_step(resumed, *inputs[i], grads[i])
+    assert torch.equal(module.weights, resumed.weights)
+    for a, b in zip(module.split_optimizer_states(), resumed.split_optimizer_states()):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y)
+    assert module.optimizer_counters.tolist() == resumed.optimizer_counters.tolist()
+
+
+def test_split_optimizer_states_shapes():
+    specs = [(10, 4), (7, 3)]
+    ada = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD)
+    assert [[tuple(s.shape) for s in t] for t in ada.split_optimizer_states()] == [[(10,)], [(7,)]]
+    adam = make_module(specs, None, PoolingMode.SUM, OptimType.ADAM)
+    assert [[tuple(s.shape) for s in t] for t in adam.split_optimizer_states()] == [[(10, 4)] * 2, [(7, 3)] * 2]
+    sgd = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_SGD)
+    assert sgd.split_optimizer_states() == [[], []]
+    assert set(sgd.state_dict()) == {"weights", "optimizer_counters"}
+    assert set(ada.state_dict()) == {"weights", "momentum1", "optimizer_counters"}
+
+
+@pytest.mark.parametrize("weights", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_stochastic_rounding_is_unbiased_where_nearest_stalls(weights):
+    """Updates far below half a unit of the format: round to nearest never moves the weight; stochastic
+    rounding moves it by the right amount on average (and is reproducible)."""
+    def run(sr, seed):
+        torch.manual_seed(seed)
+        m = make_module([(1, 256)], None, PoolingMode.SUM, OptimType.EXACT_SGD, weights, learning_rate=1e-4,
+                        stochastic_rounding=sr)
+        with torch.no_grad():
+            m.weights.fill_(1.0)
+        indices, offsets = torch.zeros(1, dtype=torch.int64), torch.tensor([0, 1])
+        for _ in range(50):
+            train_step(m, indices, offsets, None, -torch.ones(1, 256))  # w += 1e-4 per step
+        return m.weights.detach().float()
+
+    nearest = run(False, 0)
+    assert torch.all(nearest == 1.0)
+    sr = run(True, 0)
+    assert abs(float(sr.mean()) - 1.005) < 0.002
+    assert torch.equal(sr, run(True, 0))
+
+
+def test_opcheck():
+    module = case(PoolingMode.MEAN, OptimType.ADAM, seed=5)
+    indices, offsets, psw = make_inputs(module, 4, 6, weighted=True)
+    grad = upstream(module, indices, offsets, 7)
+    common = (module.weights_offsets, module.D_offsets, module.rows_per_table, module.row_offsets,
+              module.total_rows, module.total_D, module.max_D, indices, offsets, int(module.pooling_mode), psw)
+    weights = module.weights.detach().clone()
+    m1, m2 = module.momentum1.clone(), module.momentum2.clone()
+    torch.library.opcheck(torch.ops.hipdlrm.tbe_backward,
+                          (grad, weights, *common, int(OptimType.ADAM), m1, m2, 0.01, 1e-8, 0.9, 0.999, 0.0, 0, 1,
+                           True, 3),
+                          test_utils=("test_schema", "test_faketensor"))
+    torch.library.opcheck(torch.ops.hipdlrm.tbe_backward_sparse, (grad, weights, *common),
+                          test_utils=("test_schema",))
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+
+
+def op_args(module, indices, offsets, grad, optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, m1=None, m2=None, step=1):
+    m1 = module.momentum1 if m1 is None else m1
+    m2 = torch.empty(0) if m2 is None else m2
+    return [grad, module.weights.detach(), module.weights_offsets, module.D_offsets, module.rows_per_table,
+            module.row_offsets, module.total_rows, module.total_D, module.max_D, indices, offsets,
+            int(module.pooling_mode), None, int(optimizer), m1, m2, 0.01, 1e-8, 0.9, 0.999, 0.0, 0, step, False, 0]
+
+
+def test_errors():
+    module = make_module([(10, 4), (6, 2)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD)
+    indices, offsets = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2, 3, 3])
+    grad = torch.zeros(2, 6)
+    op = torch.ops.hipdlrm.tbe_backward
+    op(*op_args(module, indices, offsets, grad))  # valid
+    with pytest.raises(RuntimeError, match="optimizer must be"):
+        op(*op_args(module, indices, offsets, grad, optimizer=7))
+    with pytest.raises(RuntimeError, match="momentum1 must have 16 entries"):
+        op(*op_args(module, indices, offsets, grad, m1=torch.zeros(5)))
+    with pytest.raises(RuntimeError, match="grad_output must have the forward output's shape"):
+        op(*op_args(module, indices, offsets, torch.zeros(3, 6)))
+    with pytest.raises(RuntimeError, match="indices\\[2\\] = 9"):
+        op(*op_args(module, torch.tensor([1, 2, 9]), offsets, grad))
+    with pytest.raises(RuntimeError, match="offsets must be non-decreasing"):
+        op(*op_args(module, indices, torch.tensor([0, 2, 1, 3, 3]), grad))
+    with pytest.raises(RuntimeError, match="step must be >= 1 for ADAM"):
+        op(*op_args(module, indices, offsets, grad, optimizer=OptimType.ADAM, m1=torch.zeros(module.weights.numel()),
+                    m2=torch.zeros(module.weights.numel()), step=0))
+    args = op_args(module, indices, offsets, grad)
+    args[5] = torch.tensor([0, 12])
+    with pytest.raises(RuntimeError, match="do not fit in total_rows"):
+        op(*args)
+    with pytest.raises(ValueError, match="eps must be > 0"):
+        make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, eps=0.0)
+    with pytest.raises(ValueError, match="learning_rate must be a finite number"):
+        make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_SGD, learning_rate=float("nan"))
+    with pytest.raises(ValueError):
+        make_module([(4, 4)], None, PoolingMode.SUM, 9)
+
+
+def test_fbgemm_cpu_oracle():
+    try:
+        from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+    except Exception as exc:  # not installable for this torch (2.13 here): no oracle
+        pytest.skip(f"fbgemm_gpu does not import ({type(exc).__name__}); no build matches torch {torch.__version__}")
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import ComputeDevice
+
+    specs = [(40, 8), (30, 16)]
+    ours = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.05, eps=1e-6)
+    theirs = SplitTableBatchedEmbeddingBagsCodegen(
+        [(r, d, EmbeddingLocation.HOST, ComputeDevice.CPU) for r, d in specs],
+        optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.05, eps=1e-6)
+    with torch.no_grad():
+        for a, b in zip(theirs.split_embedding_weights(), ours.split_embedding_weights()):
+            a.copy_(b)
+    indices, offsets, _ = make_inputs(ours, 8, 3, prune_frac=0.0)
+    grad = upstream(ours, indices, offsets, 4)
+    train_step(ours, indices, offsets, None, grad)
+    theirs(indices, offsets).backward(grad)
+    for a, b in zip(theirs.split_embedding_weights(), ours.split_embedding_weights()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU against CPU, determinism
+# ----------------------------------------------------------------------------------------------
+
+
+def gpu_pair(pooling, optimizer, weights, seed, **kwargs):
+    cpu = case(pooling, optimizer, weights, seed=seed, **kwargs)
+    gpu = copy.deepcopy(cpu).to("cuda")
+    return cpu, gpu
+
+
+@requires_gpu
+@pytest.mark.parametrize("optimizer", [OptimType.NONE] + OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("weights", FLOATS, ids=lambda w: str(w)[6:])
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_gpu_matches_cpu(optimizer, pooling, weights, weighted):
+    seed = _seed("gpu", optimizer, pooling, weights, weighted)
+    cpu, gpu = gpu_pair(pooling, optimizer, weights, seed, weight_decay=0.01,
+                        weight_decay_mode=WeightDecayMode.L2)
+    for step in range(2):
+        hot = (0, 0, 1500) if step == 1 else None
+        indices, offsets, psw = make_inputs(cpu, 40, seed + step, weighted=weighted, hot=hot)
+        grad = upstream(cpu, indices, offsets, seed + 10 + step)
+        g_cpu = train_step(cpu, indices, offsets, psw, grad)
+        g_gpu = train_step(gpu, indices, offsets, psw, grad, device="cuda")
+        if weighted:
+            torch.testing.assert_close(g_gpu.cpu(), g_cpu, rtol=1e-5, atol=1e-5)
+        if optimizer == OptimType.NONE:
+            torch.testing.assert_close(gpu.weights.grad.to_dense().cpu().float(), cpu.weights.grad.to_dense().float(),
+                                       rtol=1e-5, atol=1e-5)
+            gpu.weights.grad = None
+            cpu.weights.grad = None
+    t = tol(weights) if weights != torch.float32 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gpu.weights.detach().cpu().float(), cpu.weights.detach().float(), **t)
+    for a, b in zip(gpu.split_optimizer_states(), cpu.split_optimizer_states()):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x.cpu(), y, rtol=1e-4, atol=1e-6)
+
+
+@requires_gpu
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("weights", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_gpu_deterministic(optimizer, weights):
+    """Two runs from the same state are bit-identical, Zipf hot rows (many pieces) included."""
+    def run():
+        torch.manual_seed(0)
+        m = make_module([(1000, 128), (500, 64)], None, PoolingMode.SUM, optimizer, weights, device="cuda", seed=1)
+        g = torch.Generator(device="cuda").manual_seed(2)
+        B, L = 512, 40
+        ranks = torch.arange(1, 1001, dtype=torch.float64, device="cuda")
+        p = ranks.pow(-1.15)
+        indices = torch.cat([torch.multinomial(p, B * L, replacement=True, generator=g),
+                             torch.multinomial(p[:500], B * L, replacement=True, generator=g)])
+        offsets = torch.arange(2 * B + 1, device="cuda") * L
+        for step in range(3):
+            out = m(indices, offsets)
+            out.backward(torch.randn(out.shape, generator=g, device="cuda"))
+        torch.cuda.synchronize()
+        return m.weights.detach().clone(), [s.clone() for t in m.split_optimizer_states() for s in t]
+
+    w1, s1 = run()
+    w2, s2 = run()
+    assert torch.equal(w1, w2)
+    assert all(torch.equal(a, b) for a, b in zip(s1, s2))
+
+
+@requires_gpu
+def test_gpu_hot_row_matches_cpu_closely():
+    """One row with 300k lookups: GPU pieces and CPU pieces are summed in the same order."""
+    cpu = make_module([(50, 64)], None, PoolingMode.SUM, OptimType.EXACT_SGD, seed=4)
+    gpu = copy.deepcopy(cpu).to("cuda")
+    g = torch.Generator().manual_seed(5)
+    n = 300_000
+    indices = torch.where(torch.rand(n, generator=g) < 0.9, torch.tensor(17), torch.randint(0, 50, (n,), generator=g))
+    offsets = torch.arange(0, n + 1, 100)
+    grad = torch.randn(offsets.numel() - 1, 64, generator=g)
+    train_step(cpu, indices, offsets, None, grad)
+    train_step(gpu, indices, offsets, None, grad, device="cuda")
+    torch.testing.assert_close(gpu.weights.detach().cpu(), cpu.weights.detach(), rtol=1e-6, atol=1e-6)
+
+
+@requires_gpu
+def test_gpu_skips_bad_lookups_without_fault():
+    """Pruned (-1) lookups and MEAN bags that count them: skipped on the GPU as on the CPU."""
+    cpu = make_module([(20, 8), (10, 4)], None, PoolingMode.MEAN, OptimType.EXACT_ROWWISE_ADAGRAD, seed=6)
+    gpu = copy.deepcopy(cpu).to("cuda")
+    indices = torch.tensor([3, -1, 5, 19, 0, 9, -1])
+    offsets = torch.tensor([0, 2, 4, 5, 7])
+    grad = upstream(cpu, indices, offsets, 1)
+    train_step(cpu, indices, offsets, None, grad)
+    train_step(gpu, indices, offsets, None, grad, device="cuda")
+    torch.testing.assert_close(gpu.weights.detach().cpu(), cpu.weights.detach(), rtol=1e-6, atol=1e-6)
