@@ -55,7 +55,7 @@ os.environ["HIPDLRM_QUIET_WARNINGS"] = "1"  # must precede the hipdlrm import
 
 import torch  # noqa: E402
 
-from common import Progress, copy_bandwidth_gbs, print_table, resolve_device, time_fn, write_results  # noqa: E402
+from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, write_results  # noqa: E402
 
 try:
     import hipdlrm  # noqa: F401,E402  (registers torch.ops.hipdlrm)
@@ -350,10 +350,7 @@ def main(argv=None) -> int:
     print_table(rows, columns)
 
     targets = evaluate_targets(rows)
-    print(f"\ntargets ({BLOCK_REDUCE}):")
-    for t in targets:
-        value = "-" if t["value"] is None else f"{t['value']:.2f}"
-        print(f"  {t['target']:<40} {value:>8}  goal {t['goal']:<8} {t['status']}")
+    print_targets(BLOCK_REDUCE, targets)
 
     extra = {
         "config": {**vars(args), "rates": rates, "iters": iters, "warmup": WARMUP, "num_indices": n},

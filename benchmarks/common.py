@@ -242,3 +242,12 @@ class Progress:
     def step(self, message: str) -> None:
         self.done += 1
         print(f"[{self.done}/{self.total}] {message}", file=sys.stderr, flush=True)
+
+
+def print_targets(title: str, targets: list[dict[str, Any]]) -> None:
+    """Prints the computed PASS/FAIL lines of a benchmark's targets under `title`."""
+    print(f"\ntargets ({title}):")
+    width = max((len(t["target"]) for t in targets), default=0)
+    for t in targets:
+        value = "-" if t["value"] is None else f"{t['value']:.2f}"
+        print(f"  {t['target']:<{width}} {value:>8}  goal {t['goal']:<8} {t['status']}")

@@ -47,7 +47,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from common import Progress, copy_bandwidth_gbs, print_table, resolve_device, time_fn, write_results
+from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, write_results
 
 try:
     import hipdlrm  # noqa: F401  (registers torch.ops.hipdlrm)
@@ -397,10 +397,7 @@ def main(argv=None) -> int:
     print_table(rows, columns)
 
     targets = evaluate_targets(rows)
-    print(f"\ntargets ({HIP}):")
-    for t in targets:
-        value = "-" if t["value"] is None else f"{t['value']:.2f}"
-        print(f"  {t['target']:<58} {value:>8}  goal {t['goal']:<8} {t['status']}")
+    print_targets(f"{HIP}{', small sizes: not the issue targets' if small else ''}", targets)
 
     extra = {
         "config": {**vars(args), "shape": cfg, "iters": iters, "warmup": WARMUP, "wave_size": wave,

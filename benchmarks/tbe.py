@@ -56,7 +56,7 @@ from typing import Callable, Dict, List
 import torch
 import torch.nn.functional as F
 
-from common import Progress, copy_bandwidth_gbs, print_table, resolve_device, time_fn, write_results
+from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, write_results
 
 try:
     import hipdlrm
@@ -460,10 +460,7 @@ def main(argv=None) -> int:
     print_table(results, columns)
 
     targets = evaluate_targets(results, args.pass_name)
-    print(f"\ntargets ({TBE}, {args.pass_name}{', small sizes: not the issue targets' if small else ''}):")
-    for t in targets:
-        value = "-" if t["value"] is None else f"{t['value']:.2f}"
-        print(f"  {t['target']:<48} {value:>8}  goal {t['goal']:<8} {t['status']}")
+    print_targets(f"{TBE}, {args.pass_name}{', small sizes: not the issue targets' if small else ''}", targets)
 
     extra = {
         "config": {**vars(args), "rows": rows, "iters": iters, "warmup": WARMUP, "small": small,
