@@ -35,6 +35,7 @@
 #include "hipdlrm/gpu/numeric.h"
 #include "hipdlrm/gpu/reduce.h"
 #include "tbe_backward.h"
+#include "tbe_device.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -118,16 +119,6 @@ Workspace carve(const BackwardProblem<index_t>& p, void* base, gpu::stream_t str
 }
 
 // ---- device helpers --------------------------------------------------------------------------------
-
-// Rows of feature t's table that lie inside the weights (0 when its metadata would reach outside).
-template <typename index_t>
-HIPDLRM_DEVICE std::int64_t safe_rows(const BackwardProblem<index_t>& p, std::int64_t t) {
-  const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - p.D_offsets[t];
-  const std::int64_t wo = p.weights_offsets[t];
-  const std::int64_t rows = p.rows_per_table[t];
-  if (D <= 0 || wo < 0 || wo > p.weights_numel || rows < 0 || rows > (p.weights_numel - wo) / D) return 0;
-  return rows;
-}
 
 template <typename index_t>
 HIPDLRM_DEVICE std::int64_t clamped_offset(const BackwardProblem<index_t>& p, std::int64_t g) {

@@ -26,6 +26,7 @@
 
 #include "hipdlrm/gpu/numeric.h"
 #include "tbe_forward_dispatch.h"
+#include "tbe_device.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -53,16 +54,6 @@ struct Feature {
   std::int64_t cols;     // columns produced; == stride unless the metadata is inconsistent
   std::int64_t out_col;  // first output column (pooled); 0 in NONE mode
 };
-
-// Rows of feature t's table that lie inside the weights: all of them unless the metadata is inconsistent.
-template <typename index_t>
-HIPDLRM_DEVICE std::int64_t safe_rows(const ForwardProblem<index_t>& p, std::int64_t t) {
-  const std::int64_t stride = static_cast<std::int64_t>(p.D_offsets[t + 1]) - p.D_offsets[t];
-  const std::int64_t wo = p.weights_offsets[t];
-  const std::int64_t rows = p.rows_per_table[t];
-  if (stride <= 0 || wo < 0 || wo > p.weights_numel || rows < 0 || rows > (p.weights_numel - wo) / stride) return 0;
-  return rows;
-}
 
 template <typename W, typename index_t>
 HIPDLRM_DEVICE Feature<W> load_feature(const ForwardProblem<index_t>& p, std::int64_t t, bool sequence) {
