@@ -162,6 +162,24 @@ HIPDLRM_DEVICE double from_acc<double>(double v) {
   return v;
 }
 
+// Fast transcendental building blocks (a few ulp): the hardware exp2 and reciprocal instructions.
+HIPDLRM_DEVICE float fast_exp(float x) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return __builtin_amdgcn_exp2f(x * 1.4426950408889634f);
+#else
+  return __expf(x);
+#endif
+}
+HIPDLRM_DEVICE float fast_rcp(float x) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return __builtin_amdgcn_rcpf(x);
+#else
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#endif
+}
+
 HIPDLRM_DEVICE bool is_aligned(const void* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
 }

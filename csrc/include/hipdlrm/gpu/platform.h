@@ -92,6 +92,17 @@ inline int device_multiprocessors(int device) {
   return n;
 }
 
+// Lets `kernel` use `bytes` of dynamic shared memory (beyond the 48 KB default on NVIDIA).
+template <typename Kernel>
+inline status_t allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  return hipFuncSetAttribute(reinterpret_cast<const void*>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(bytes));
+#else
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+#endif
+}
+
 inline int current_device() {
   int d = 0;
 #if defined(HIPDLRM_PLATFORM_HIP)

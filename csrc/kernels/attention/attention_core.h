@@ -1,0 +1,187 @@
+// The jagged pointwise-activation attention core shared by the HSTU and GDPA kernels: the valid mask
+// (per element and per tile, so that masked-out tiles are skipped rather than computed), the activations
+// with their derivatives, the program-id order, shared-memory staging and the per-architecture tile
+// configuration. Device code only; included by the attention .cu files.
+#pragma once
+
+#include <cstdint>
+
+#include "hipdlrm/gpu/mma.h"
+#include "hipdlrm/gpu/numeric.h"
+#include "hipdlrm/gpu/platform.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace attention {
+
+// ---- per-architecture configuration ------------------------------------------------------------------
+// kWaves waves per block, each owning 16 query rows (forward) or 16 key rows (backward); kBlockN keys
+// (forward) or queries (backward) per step; kStages shared-memory buffers for the streamed tiles.
+// NVIDIA: cp.async double buffering (two stages) with up to 227 KB of shared memory per block.
+// AMD CDNA: 64 KB of LDS per workgroup on gfx90a/gfx942 and no asynchronous global->LDS copy of 16 bytes,
+// so one stage; the 256-wide head dim halves kBlockN to fit. These are the compile-time knobs the AMD
+// attention paper tuned (tile shape, pipeline depth, waves per CU).
+template <int kD>
+struct FwdConfig {
+  static constexpr int kWaves = 4;
+  static constexpr int kBlockM = 16 * kWaves;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  static constexpr int kBlockN = kD >= 256 ? 32 : 64;
+  static constexpr int kStages = 1;
+#else
+  static constexpr int kBlockN = 64;
+  static constexpr int kStages = 2;
+#endif
+#if defined(HIPDLRM_PLATFORM_HIP)
+  // q fragments live in registers for the whole key loop (a wave64 lane holds half of what a wave32 lane
+  // does), so q's shared staging area is reused by the first key/value stage: 64 KB of LDS suffices.
+  static constexpr bool kQInRegisters = true;
+  static constexpr bool kQAliasesStage = true;
+#else
+  // Up to head dim 128 q stays in registers; at 256 it is re-read from shared memory (registers).
+  static constexpr bool kQInRegisters = kD <= 128;
+  static constexpr bool kQAliasesStage = false;
+#endif
+  static constexpr int kLd = kD + 8;  // padded shared-memory row: conflict-free ldmatrix / ds_read
+  template <typename T>
+  static constexpr int smem_bytes() {
+    return ((kQAliasesStage ? 0 : kBlockM) + kStages * 2 * kBlockN) * kLd * static_cast<int>(sizeof(T));
+  }
+};
+
+// ---- valid mask ---------------------------------------------------------------------------------------
+// One sequence's mask (HSTU's; see hstu.h and docs/attention.md):
+//   id(p) = p, or max(p - c + 1, 0) with a contextual prefix c > 0; with targets id(p) = min(id(p), max_id)
+//   d = id(i) - id(j) (absolute value when not causal)
+//   valid = (i == j or d > 0) [and d <= max_attn_len] [or (id(i) == 0 and id(j) < max_id) when c > 0]
+struct HstuMask {
+  int n;             // sequence length
+  int c;             // contextual prefix length (0: none)
+  int max_id;        // id bound of the targets
+  int max_attn_len;  // 0: unlimited
+  bool causal;
+  bool targets;
+
+  HIPDLRM_HOST_DEVICE static HstuMask make(int n, int c, int num_targets, bool has_targets, int max_attn_len,
+                                           bool causal) {
+    HstuMask m;
+    m.n = n;
+    m.c = c;
+    m.max_id = (c > 0 ? n - c + 1 : n) - (has_targets ? num_targets : 0);
+    m.max_attn_len = max_attn_len;
+    m.causal = causal;
+    m.targets = has_targets;
+    return m;
+  }
+
+  HIPDLRM_HOST_DEVICE int id(int p) const {
+    int v = c > 0 ? (p - c + 1 > 0 ? p - c + 1 : 0) : p;
+    return targets && v > max_id ? max_id : v;
+  }
+
+  // Inside the sequence only (0 <= i, j < n).
+  HIPDLRM_HOST_DEVICE bool valid(int i, int j) const {
+    const int idi = id(i), idj = id(j);
+    int d = idi - idj;
+    if (!causal && d < 0) d = -d;
+    bool v = i == j || d > 0;
+    if (max_attn_len > 0) v = v && d <= max_attn_len;
+    if (c > 0) v = v || (idi == 0 && idj < max_id);
+    return v;
+  }
+
+  // Whether some (i, j) in [i0, i1) x [j0, j1) may be valid (exact up to the contextual rows, for which it
+  // answers yes). id() is non-decreasing in steps of 0 or 1, so id(i) - id(j) over the tile takes every
+  // integer between its extremes.
+  HIPDLRM_HOST_DEVICE bool tile_any(int i0, int i1, int j0, int j1) const {
+    i1 = i1 < n ? i1 : n;
+    j1 = j1 < n ? j1 : n;
+    if (i0 >= i1 || j0 >= j1) return false;
+    if (i0 < j1 && j0 < i1) return true;   // the diagonal crosses the tile
+    if (c > 0 && id(i0) == 0) return true;  // contextual rows
+    const int dmin = id(i0) - id(j1 - 1), dmax = id(i1 - 1) - id(j0);
+    const int lim = max_attn_len;
+    if (causal) return dmax > 0 && (lim == 0 || (dmin > 1 ? dmin : 1) <= lim);
+    if (lim == 0) return dmin != 0 || dmax != 0;
+    return (dmax >= 1 && dmin <= lim) || (dmin <= -1 && dmax >= -lim);
+  }
+
+  // Whether every (i, j) of the tile is inside the sequence and valid, so the per-element mask can be
+  // skipped. Conservative: only causal tiles strictly below the diagonal, outside the contextual and target
+  // regions (where id() is the identity).
+  HIPDLRM_HOST_DEVICE bool tile_all(int i0, int i1, int j0, int j1) const {
+    if (!causal || c > 0 || i1 > n || j1 > n) return false;
+    if (targets && (i1 - 1 > max_id || j1 - 1 > max_id)) return false;
+    if (i0 - (j1 - 1) < 1) return false;
+    return max_attn_len == 0 || (i1 - 1) - j0 <= max_attn_len;
+  }
+};
+
+// ---- activations ----------------------------------------------------------------------------------------
+// SiLU(x) = x * sigmoid(x), sigmoid from the hardware exp and reciprocal. Large negative x: exp(-x) = inf,
+// rcp(inf) = 0, result -0; large positive: exp(-x) = 0, result x.
+HIPDLRM_DEVICE float sigmoid_fast(float x) { return gpu::fast_rcp(1.0f + gpu::fast_exp(-x)); }
+HIPDLRM_DEVICE float silu_fast(float x) { return x * sigmoid_fast(x); }
+// d SiLU / dx = sigmoid(x) * (1 + x * (1 - sigmoid(x)))
+HIPDLRM_DEVICE float silu_grad_fast(float x, float sig) { return sig * (1.0f + x * (1.0f - sig)); }
+
+// ---- program order ----------------------------------------------------------------------------------------
+// MI300/MI350 in SPX mode place workgroup p on XCD p mod 8, each XCD with a private L2. Renumber so that
+// XCD x runs a contiguous range of tiles (neighbouring tiles share k/v rows). A permutation of [0, total);
+// the identity on NVIDIA and on single-die AMD parts.
+HIPDLRM_DEVICE std::int64_t xcd_remap(std::int64_t id, std::int64_t total) {
+#if defined(HIPDLRM_PLATFORM_HIP) && (defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || \
+                                      defined(__gfx950__))
+  constexpr std::int64_t kXcds = 8;
+  const std::int64_t per = total / kXcds, extra = total % kXcds;  // XCDs < extra run per + 1 tiles
+  const std::int64_t xcd = id % kXcds, slot = id / kXcds;
+  return xcd * per + (xcd < extra ? xcd : extra) + slot;
+#else
+  (void)total;
+  return id;
+#endif
+}
+
+// ---- global -> shared staging ------------------------------------------------------------------------------
+// 16 bytes per call; `valid` false fills zeros (rows past the sequence end, columns past the head dim).
+// NVIDIA sm_80+: cp.async (the copy overlaps the math of the previous stage); elsewhere a plain copy.
+HIPDLRM_DEVICE void stage_copy16(void* smem, const void* gmem, bool valid) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  const int bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(gmem), "r"(bytes));
+#else
+  *reinterpret_cast<uint4*>(smem) = valid ? *reinterpret_cast<const uint4*>(gmem) : make_uint4(0, 0, 0, 0);
+#endif
+}
+HIPDLRM_DEVICE void stage_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;");
+#endif
+}
+// Waits until at most `kPending` committed groups are still in flight.
+template <int kPending>
+HIPDLRM_DEVICE void stage_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending));
+#endif
+}
+
+// Copies rows [row0, row0 + kRows) of a [*, row_stride] tensor (16-bit elements, `cols` valid columns, a
+// multiple of 8) into a [kRows][kLd] shared tile of width kD; rows >= row_end and columns >= cols are zero.
+template <int kRows, int kD, int kLd, int kThreads, typename T>
+HIPDLRM_DEVICE void stage_tile(T* smem, const T* base, std::int64_t row0, std::int64_t row_end, std::int64_t row_stride,
+                               int cols) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr int kChunks = kRows * kChunksPerRow;
+  for (int c = static_cast<int>(threadIdx.x); c < kChunks; c += kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const std::int64_t row = row0 + r;
+    const bool ok = row < row_end && col < cols;
+    stage_copy16(smem + r * kLd + col, ok ? base + row * row_stride + col : base, ok);
+  }
+}
+
+}  // namespace attention
+}  // namespace kernels
+}  // namespace hipdlrm

@@ -1,0 +1,206 @@
+// HSTU attention forward: O = (SiLU(alpha q k^T + rab) (.) valid) v * scale, per jagged sequence and head.
+//
+// Thread mapping: one block per (sequence, head, 16*kWaves query rows); each wave owns 16 query rows and
+// walks the sequence's key blocks of kBlockN keys that the mask does not rule out (whole masked-out blocks,
+// and masked-out 16-key sub-tiles within a wave, are skipped, not computed). Per key block: S = q k^T on
+// the matrix cores (fp32 accumulators), the activation and mask in registers, P packed straight into the
+// A operand of O += P v (mma_nt_packable), no shared-memory round trip for P. No softmax, so no running
+// max and no rescaling: O accumulates in registers and is scaled once at the end.
+//
+// AMD: 16x16x16 MFMA (wave64, 4 accumulators per lane), q kept in registers so its LDS staging is reused
+// by the key/value tile (64 KB of LDS), one stage, program ids remapped so each XCD walks contiguous
+// (sequence, head) tiles. NVIDIA: mma.sync m16n8k16 with ldmatrix, cp.async double buffering.
+#include "attention_core.h"
+#include "hstu.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace attention {
+namespace {
+
+template <typename T, int kD>
+__global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
+    hstu_forward_kernel(HstuForwardArgs args, int num_qblocks) {
+  using Cfg = FwdConfig<kD>;
+  using M = gpu::Mma16<T>;
+  constexpr int kThreads = Cfg::kWaves * gpu::kWaveSize;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kLd = Cfg::kLd;
+  constexpr int kDT = kD / 16;  // 16-wide tiles across the head dim
+  constexpr int kNT = kBN / 16; // 16-key sub-tiles of a key block
+
+  extern __shared__ uint4 smem_raw[];
+  T* const smem = reinterpret_cast<T*>(smem_raw);
+  T* const kv_s = Cfg::kQAliasesStage ? smem : smem + kBM * kLd;
+  T* const q_s = smem;
+
+  const HstuProblem& p = args.p;
+  const std::int64_t total = static_cast<std::int64_t>(num_qblocks) * p.heads * p.batch;
+  const std::int64_t id = xcd_remap(blockIdx.x, total);
+  // Longest rows (most keys under a causal mask) first.
+  const int qb = num_qblocks - 1 - static_cast<int>(id % num_qblocks);
+  const int h = static_cast<int>((id / num_qblocks) % p.heads);
+  const int b = static_cast<int>(id / (static_cast<std::int64_t>(num_qblocks) * p.heads));
+  const std::int64_t s0 = p.seq_offsets[b];
+  const int n = static_cast<int>(p.seq_offsets[b + 1] - s0);
+  const int i0 = qb * kBM;
+  if (i0 >= n) return;
+  const bool has_targets = p.num_targets != nullptr;
+  const HstuMask mask = HstuMask::make(n, p.contextual_seq_len, has_targets ? static_cast<int>(p.num_targets[b]) : 0,
+                                       has_targets, p.max_attn_len, p.causal);
+
+  const std::int64_t qk_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
+  const std::int64_t v_stride = static_cast<std::int64_t>(p.heads) * p.dv;
+  const T* const qg = static_cast<const T*>(args.q) + s0 * qk_stride + static_cast<std::int64_t>(h) * p.dqk;
+  const T* const kg = static_cast<const T*>(args.k) + s0 * qk_stride + static_cast<std::int64_t>(h) * p.dqk;
+  const T* const vg = static_cast<const T*>(args.v) + s0 * v_stride + static_cast<std::int64_t>(h) * p.dv;
+  const T* rab = nullptr;
+  if (p.rab != nullptr) {
+    const std::int64_t rb = p.rab_batch == 1 ? 0 : b, rh = p.rab_heads == 1 ? 0 : h;
+    rab = static_cast<const T*>(p.rab) + (rb * p.rab_heads + rh) * p.max_seq_len * static_cast<std::int64_t>(p.max_seq_len);
+  }
+
+  const int wave = gpu::wave_id(), lane = gpu::lane_id();
+  const int w0 = i0 + 16 * wave;  // this wave's first query row
+  const int ndt_qk = p.dqk / 16, ndt_v = p.dv / 16;
+  const int num_kblocks = (n + kBN - 1) / kBN;
+  auto next_block = [&](int jb) {
+    while (jb < num_kblocks && !mask.tile_any(i0, i0 + kBM, jb * kBN, jb * kBN + kBN)) ++jb;
+    return jb;
+  };
+
+  // q: staged once, then (usually) held in registers as A operands.
+  stage_tile<kBM, kD, kLd, kThreads>(q_s, qg, i0, n, qk_stride, p.dqk);
+  stage_commit();
+  typename M::Op qop[Cfg::kQInRegisters ? kDT : 1];
+  if (Cfg::kQInRegisters) {
+    stage_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int kt = 0; kt < kDT; ++kt) qop[Cfg::kQInRegisters ? kt : 0] = M::load_rows(q_s + 16 * wave * kLd + 16 * kt, kLd);
+    if (Cfg::kQAliasesStage) __syncthreads();
+  }
+
+  int jb = next_block(0);
+  auto stage_kv = [&](int block, int stage) {
+    T* k_s = kv_s + stage * 2 * kBN * kLd;
+    stage_tile<kBN, kD, kLd, kThreads>(k_s, kg, static_cast<std::int64_t>(block) * kBN, n, qk_stride, p.dqk);
+    stage_tile<kBN, kD, kLd, kThreads>(k_s + kBN * kLd, vg, static_cast<std::int64_t>(block) * kBN, n, v_stride, p.dv);
+  };
+  if (jb < num_kblocks) stage_kv(jb, 0);
+  stage_commit();
+  stage_wait<0>();
+  __syncthreads();
+
+  typename M::Acc o[kDT];
+#pragma unroll
+  for (int dt = 0; dt < kDT; ++dt) M::zero(o[dt]);
+
+  int stage = 0;
+  while (jb < num_kblocks) {
+    const int jn = next_block(jb + 1);
+    if (Cfg::kStages > 1 && jn < num_kblocks) stage_kv(jn, stage ^ 1);
+    stage_commit();
+
+    const T* const k_s = kv_s + stage * 2 * kBN * kLd;
+    const T* const v_s = k_s + kBN * kLd;
+    const int j0 = jb * kBN;
+    const bool full = mask.tile_all(w0, w0 + 16, j0, j0 + kBN);
+    typename M::Acc s[kNT];
+    typename M::Op pop[kNT];
+    bool live[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      live[nt] = full || mask.tile_any(w0, w0 + 16, j0 + 16 * nt, j0 + 16 * nt + 16);
+      M::zero(s[nt]);
+      if (live[nt]) {
+#pragma unroll
+        for (int kt = 0; kt < kDT; ++kt) {
+          if (kt < ndt_qk) {
+            const typename M::Op qa = Cfg::kQInRegisters ? qop[Cfg::kQInRegisters ? kt : 0]
+                                                         : M::load_rows(q_s + 16 * wave * kLd + 16 * kt, kLd);
+            M::mma_nt_packable(s[nt], qa, M::load_rows(k_s + 16 * nt * kLd + 16 * kt, kLd));
+          }
+        }
+#pragma unroll
+        for (int e = 0; e < M::kAcc; ++e) {
+          const int i = w0 + M::p_row(lane, e), j = j0 + 16 * nt + M::p_col(lane, e);
+          const bool inside = full || (i < n && j < n && mask.valid(i, j));
+          float x = p.alpha * s[nt].v[e];
+          if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+          s[nt].v[e] = inside ? silu_fast(x) : 0.0f;
+        }
+      }
+      pop[nt] = M::pack(s[nt]);
+    }
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      if (dt < ndt_v) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (live[nt]) M::mma(o[dt], pop[nt], M::load_cols(v_s + 16 * nt * kLd + 16 * dt, kLd));
+        }
+      }
+    }
+
+    if (Cfg::kStages > 1) {
+      stage_wait<0>();
+      __syncthreads();
+      stage ^= 1;
+    } else {
+      __syncthreads();
+      if (jn < num_kblocks) stage_kv(jn, 0);
+      stage_commit();
+      stage_wait<0>();
+      __syncthreads();
+    }
+    jb = jn;
+  }
+
+  // Epilogue: scale rows and store; rows past the sequence end are not written.
+  T* const og = static_cast<T*>(args.out) + s0 * v_stride + static_cast<std::int64_t>(h) * p.dv;
+#pragma unroll
+  for (int e = 0; e < M::kAcc; ++e) {
+    const int i = w0 + M::c_row(lane, e);
+    if (i >= n) continue;
+    const float scale = p.scale_per_token != nullptr ? p.scale_per_token[s0 + i] : p.scale_value;
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) {
+      if (dt < ndt_v)
+        og[static_cast<std::int64_t>(i) * v_stride + 16 * dt + M::c_col(lane, e)] = gpu::from_float<T>(o[dt].v[e] * scale);
+    }
+  }
+}
+
+template <typename T, int kD>
+gpu::status_t launch_forward(const HstuForwardArgs& args, gpu::stream_t stream) {
+  using Cfg = FwdConfig<kD>;
+  const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const std::int64_t blocks = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
+  if (blocks == 0) return gpu::kSuccess;
+  constexpr int kSmem = Cfg::template smem_bytes<T>();
+  const gpu::status_t st = gpu::allow_dynamic_smem(hstu_forward_kernel<T, kD>, kSmem);
+  if (st != gpu::kSuccess) return st;
+  hstu_forward_kernel<T, kD>
+      <<<static_cast<unsigned>(blocks), Cfg::kWaves * gpu::kWaveSize, kSmem, stream>>>(args, num_qblocks);
+  return gpu::last_launch_status();
+}
+
+template <typename T>
+gpu::status_t dispatch_dim(const HstuForwardArgs& args, gpu::stream_t stream) {
+  const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
+  if (d <= 32) return launch_forward<T, 32>(args, stream);
+  if (d <= 64) return launch_forward<T, 64>(args, stream);
+  if (d <= 128) return launch_forward<T, 128>(args, stream);
+  return launch_forward<T, 256>(args, stream);
+}
+
+}  // namespace
+
+gpu::status_t hstu_forward(const HstuForwardArgs& args, gpu::stream_t stream) {
+  return args.p.dtype == ElemType::kBFloat16 ? dispatch_dim<gpu::bfloat16_t>(args, stream)
+                                             : dispatch_dim<gpu::half_t>(args, stream);
+}
+
+}  // namespace attention
+}  // namespace kernels
+}  // namespace hipdlrm
