@@ -27,6 +27,7 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kLd = Cfg::kLd;
   constexpr int kDT = kD / 16;  // 16-wide tiles across the head dim
   constexpr int kNT = kBN / 16; // 16-key sub-tiles of a key block
+  constexpr int kMT = Cfg::kRowTiles;
 
   extern __shared__ uint4 smem_raw[];
   T* const smem = reinterpret_cast<T*>(smem_raw);
@@ -60,8 +61,8 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
   }
 
   const int wave = gpu::wave_id(), lane = gpu::lane_id();
-  const int w0 = i0 + 16 * wave;  // this wave's first query row
-  const int ndt_qk = p.dqk / 16, ndt_v = p.dv / 16;
+  const int w0 = i0 + 16 * kMT * wave;  // this wave's first query row
+  const int ndt_v = p.dv / 16;
   const int num_kblocks = (n + kBN - 1) / kBN;
   auto next_block = [&](int jb) {
     while (jb < num_kblocks && !mask.tile_any(i0, i0 + kBM, jb * kBN, jb * kBN + kBN)) ++jb;
@@ -71,12 +72,16 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
   // q: staged once, then (usually) held in registers as A operands.
   stage_tile<kBM, kD, kLd, kThreads>(q_s, qg, i0, n, qk_stride, p.dqk);
   stage_commit();
-  typename M::Op qop[Cfg::kQInRegisters ? kDT : 1];
+  constexpr int kQRegs = Cfg::kQInRegisters ? kDT : 1;
+  typename M::Op qop[kMT][kQRegs];
+  const T* const q_wave = q_s + 16 * kMT * wave * kLd;
   if (Cfg::kQInRegisters) {
     stage_wait<0>();
     __syncthreads();
 #pragma unroll
-    for (int kt = 0; kt < kDT; ++kt) qop[Cfg::kQInRegisters ? kt : 0] = M::load_rows(q_s + 16 * wave * kLd + 16 * kt, kLd);
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kt = 0; kt < kQRegs; ++kt) qop[mt][kt] = M::load_rows(q_wave + 16 * mt * kLd + 16 * kt, kLd);
     if (Cfg::kQAliasesStage) __syncthreads();
   }
 
@@ -91,9 +96,11 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
   stage_wait<0>();
   __syncthreads();
 
-  typename M::Acc o[kDT];
+  typename M::Acc o[kMT][kDT];
 #pragma unroll
-  for (int dt = 0; dt < kDT; ++dt) M::zero(o[dt]);
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) M::zero(o[mt][dt]);
 
   int stage = 0;
   while (jb < num_kblocks) {
@@ -104,42 +111,62 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
     const T* const k_s = kv_s + stage * 2 * kBN * kLd;
     const T* const v_s = k_s + kBN * kLd;
     const int j0 = jb * kBN;
-    const bool full = mask.tile_all(w0, w0 + 16, j0, j0 + kBN);
-    typename M::Acc s[kNT];
-    typename M::Op pop[kNT];
-    bool live[kNT];
+    // Straight-line matrix-core code per wave: independent accumulators interleave (no branch inside the
+    // unrolled loops), head-dim columns past dqk/dv are zeros in shared memory and add nothing.
+    if (mask.tile_any(w0, w0 + 16 * kMT, j0, j0 + kBN)) {
+      typename M::Acc s[kMT][kNT];
 #pragma unroll
-    for (int nt = 0; nt < kNT; ++nt) {
-      live[nt] = full || mask.tile_any(w0, w0 + 16, j0 + 16 * nt, j0 + 16 * nt + 16);
-      M::zero(s[nt]);
-      if (live[nt]) {
+      for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-        for (int kt = 0; kt < kDT; ++kt) {
-          if (kt < ndt_qk) {
-            const typename M::Op qa = Cfg::kQInRegisters ? qop[Cfg::kQInRegisters ? kt : 0]
-                                                         : M::load_rows(q_s + 16 * wave * kLd + 16 * kt, kLd);
-            M::mma_nt_packable(s[nt], qa, M::load_rows(k_s + 16 * nt * kLd + 16 * kt, kLd));
-          }
-        }
+        for (int nt = 0; nt < kNT; ++nt) M::zero(s[mt][nt]);
 #pragma unroll
-        for (int e = 0; e < M::kAcc; ++e) {
-          const int i = w0 + M::p_row(lane, e), j = j0 + 16 * nt + M::p_col(lane, e);
-          const bool inside = full || (i < n && j < n && mask.valid(i, j));
-          float x = p.alpha * s[nt].v[e];
-          if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
-          s[nt].v[e] = inside ? silu_fast(x) : 0.0f;
-        }
-      }
-      pop[nt] = M::pack(s[nt]);
-    }
+      for (int kt = 0; kt < kDT; ++kt) {
+        typename M::Op qa[kMT];
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      if (dt < ndt_v) {
+        for (int mt = 0; mt < kMT; ++mt)
+          qa[mt] = Cfg::kQInRegisters ? qop[mt][Cfg::kQInRegisters ? kt : 0]
+                                      : M::load_rows(q_wave + 16 * mt * kLd + 16 * kt, kLd);
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
-          if (live[nt]) M::mma(o[dt], pop[nt], M::load_cols(v_s + 16 * nt * kLd + 16 * dt, kLd));
+          const typename M::Op kb = M::load_rows(k_s + 16 * nt * kLd + 16 * kt, kLd);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) M::mma_nt_packable(s[mt][nt], qa[mt], kb);
         }
       }
+      if (rab == nullptr && mask.tile_all(w0, w0 + 16 * kMT, j0, j0 + kBN)) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < M::kAcc; ++e) s[mt][nt].v[e] = silu_fast(p.alpha * s[mt][nt].v[e]);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < M::kAcc; ++e) {
+              const int i = w0 + 16 * mt + M::p_row(lane, e), j = j0 + 16 * nt + M::p_col(lane, e);
+              const bool inside = i < n && j < n && mask.valid(i, j);
+              float x = p.alpha * s[mt][nt].v[e];
+              if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+              s[mt][nt].v[e] = inside ? silu_fast(x) : 0.0f;
+            }
+      }
+      typename M::Op pop[kMT][kNT];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) pop[mt][nt] = M::pack(s[mt][nt]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          const typename M::Op vb = M::load_cols(v_s + 16 * nt * kLd + 16 * dt, kLd);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) M::mma(o[mt][dt], pop[mt][nt], vb);
+        }
     }
 
     if (Cfg::kStages > 1) {
@@ -159,16 +186,20 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
   // Epilogue: scale rows and store; rows past the sequence end are not written.
   T* const og = static_cast<T*>(args.out) + s0 * v_stride + static_cast<std::int64_t>(h) * p.dv;
 #pragma unroll
-  for (int e = 0; e < M::kAcc; ++e) {
-    const int i = w0 + M::c_row(lane, e);
-    if (i >= n) continue;
-    const float scale = p.scale_per_token != nullptr ? p.scale_per_token[s0 + i] : p.scale_value;
+  for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
-    for (int dt = 0; dt < kDT; ++dt) {
-      if (dt < ndt_v)
-        og[static_cast<std::int64_t>(i) * v_stride + 16 * dt + M::c_col(lane, e)] = gpu::from_float<T>(o[dt].v[e] * scale);
+    for (int e = 0; e < M::kAcc; ++e) {
+      const int i = w0 + 16 * mt + M::c_row(lane, e);
+      if (i < n) {
+        const float scale = p.scale_per_token != nullptr ? p.scale_per_token[s0 + i] : p.scale_value;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          if (dt < ndt_v)
+            og[static_cast<std::int64_t>(i) * v_stride + 16 * dt + M::c_col(lane, e)] =
+                gpu::from_float<T>(o[mt][dt].v[e] * scale);
+        }
+      }
     }
-  }
 }
 
 template <typename T, int kD>
