@@ -39,6 +39,8 @@ struct FwdConfig {
   static constexpr int kBlockN = 64;
   static constexpr int kStages = 2;
 #endif
+  // Occupancy knob (waves per SIMD on AMD, blocks per SM on NVIDIA): caps registers per thread.
+  static constexpr int kMinBlocks = 1;
 #if defined(HIPDLRM_PLATFORM_HIP)
   // q fragments live in registers for the whole key loop (a wave64 lane holds half of what a wave32 lane
   // does), so q's shared staging area is reused by the first key/value stage: 64 KB of LDS suffices.

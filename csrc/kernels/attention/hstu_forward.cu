@@ -19,7 +19,7 @@ namespace attention {
 namespace {
 
 template <typename T, int kD>
-__global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize)
+__global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdConfig<kD>::kMinBlocks)
     hstu_forward_kernel(HstuForwardArgs args, int num_qblocks) {
   using Cfg = FwdConfig<kD>;
   using M = gpu::Mma16<T>;
