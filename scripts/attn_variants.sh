@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 for v in $1; do
   IFS=: read -r name bn minb <<< "$v"
   d=/tmp/variant_$name; rm -rf "$d"; mkdir -p "$d"; cp -r csrc/kernels/attention "$d/"
-  sed -i "s/static constexpr int kBlockN = 64;/static constexpr int kBlockN = $bn;/; s/static constexpr int kMinBlocks = 1;/static constexpr int kMinBlocks = $minb;/" "$d/attention/attention_core.h"
+  sed -i "s/static constexpr int kBlockN = 64;/static constexpr int kBlockN = $bn;/; s/static constexpr int kMinBlocks = kD <= 64 ? 3 : 1;/static constexpr int kMinBlocks = $minb;/" "$d/attention/attention_core.h"
   nvcc -std=c++17 -O2 -arch=sm_90 -Xptxas -v -Icsrc/include -I"$d" tests/gpu/hstu_forward_check.cu "$d/attention/hstu_forward.cu" -o "$d/check" > "$d/build.log" 2>&1 &
 done
 wait
