@@ -6,6 +6,7 @@ kernels used by torch.compile, and the Python API below.
 import torch  # noqa: F401  (the library links against torch; import it first)
 
 from . import _C  # noqa: F401  (registers torch.ops.hipdlrm.*)
+from .attention import hstu_mha
 from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
 from .group_index_select import group_index_select
 from .tbe import PoolingMode, TableBatchedEmbedding
@@ -14,6 +15,7 @@ from .tbe_training import OptimType, WeightDecayMode
 __version__ = "0.1.0"
 
 __all__ = [
+    "hstu_mha",
     "BoundsCheckMode",
     "bounds_check_indices",
     "flush_bounds_check_warnings",

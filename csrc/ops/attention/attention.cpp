@@ -1,0 +1,355 @@
+// HSTU attention: schemas, argument checks, and the composite implementation (CPU, and fp32/fp64 on a
+// GPU).
+//
+// The composite implementation is the reference: for each sequence b (tokens seq_offsets[b] ..
+// seq_offsets[b+1], length n) and every head at once, in fp32 (fp64 for fp64 inputs),
+//   S = alpha * q_b k_b^T (+ rab[b, :, :n, :n])     P = SiLU(S) * scale (.) valid     O_b = P v_b
+// with the valid mask built from the contract's formula (docs/attention.md). It is written with ATen
+// ops only, so the same code runs on any device; the backward recomputes S and P per sequence.
+#include "attention.h"
+
+#include <c10/util/Exception.h>
+
+#include <limits>
+
+namespace hipdlrm {
+namespace ops {
+namespace attention {
+namespace {
+
+constexpr std::int64_t kIntMax = std::numeric_limits<std::int32_t>::max();
+
+bool supported_dtype(at::ScalarType t) {
+  return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble;
+}
+
+bool supported_head_dim(std::int64_t d) { return d == 32 || d == 64 || d == 128 || d == 256; }
+
+at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
+
+void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
+  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " is on ", t.device(), " but q is on ", q.device(),
+              "; every tensor must be on one device");
+}
+
+void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 3, op, ": q must be 3-D [L, H, Dqk], got shape ", q.sizes());
+  TORCH_CHECK(k.dim() == 3, op, ": k must be 3-D [L, H, Dqk], got shape ", k.sizes());
+  TORCH_CHECK(v.dim() == 3, op, ": v must be 3-D [L, H, Dv], got shape ", v.sizes());
+  TORCH_CHECK(k.sizes() == q.sizes(), op, ": k must have q's shape ", q.sizes(), " ([L, H, Dqk]), got ",
+              k.sizes());
+  TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1), op, ": v must be [L, H, Dv] with L = ",
+              q.size(0), " and H = ", q.size(1), " as q, got shape ", v.sizes());
+  TORCH_CHECK(supported_head_dim(q.size(2)), op, ": q and k have head dim Dqk = ", q.size(2),
+              "; supported: 32, 64, 128, 256");
+  TORCH_CHECK(supported_head_dim(v.size(2)), op, ": v has head dim Dv = ", v.size(2),
+              "; supported: 32, 64, 128, 256");
+  TORCH_CHECK(supported_dtype(q.scalar_type()), op, ": q has dtype ", q.scalar_type(),
+              "; supported: float16, bfloat16, float32, float64");
+  TORCH_CHECK(k.scalar_type() == q.scalar_type(), op, ": k has dtype ", k.scalar_type(), " but q has ",
+              q.scalar_type(), "; q, k and v must have one dtype");
+  TORCH_CHECK(v.scalar_type() == q.scalar_type(), op, ": v has dtype ", v.scalar_type(), " but q has ",
+              q.scalar_type(), "; q, k and v must have one dtype");
+  check_same_device(op, "k", k, q);
+  check_same_device(op, "v", v, q);
+}
+
+void check_index_tensor(const char* op, const char* name, const char* shape, const at::Tensor& t,
+                        const at::Tensor& q) {
+  TORCH_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D ", shape, ", got shape ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
+              " must be int32 or int64, got ", t.scalar_type());
+  check_same_device(op, name, t, q);
+}
+
+// Shapes, dtypes and devices of everything but the values of seq_offsets and num_targets.
+void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, std::int64_t batch) {
+  const std::int64_t tokens = q.size(0);
+  const std::int64_t heads = q.size(1);
+  TORCH_CHECK(o.max_seq_len >= 0 && o.max_seq_len <= kIntMax, op, ": max_seq_len must be in [0, ", kIntMax,
+              "], got ", o.max_seq_len);
+  TORCH_CHECK(o.max_attn_len >= 0 && o.max_attn_len <= kIntMax, op, ": max_attn_len must be in [0, ", kIntMax,
+              "] (0: unlimited), got ", o.max_attn_len);
+  TORCH_CHECK(o.contextual_seq_len >= 0 && o.contextual_seq_len <= kIntMax, op,
+              ": contextual_seq_len must be in [0, ", kIntMax, "] (0: no contextual prefix), got ",
+              o.contextual_seq_len);
+  TORCH_CHECK(q.size(1) <= kIntMax, op, ": q has ", q.size(1), " heads; at most ", kIntMax, " are supported");
+  if (o.num_targets) {
+    check_index_tensor(op, "num_targets", "[B]", *o.num_targets, q);
+    TORCH_CHECK(o.num_targets->numel() == batch, op, ": num_targets must have B = ", batch,
+                " entries (one per sequence), got ", o.num_targets->numel());
+  }
+  TORCH_CHECK(!(o.attn_scale && o.attn_scale_per_token), op,
+              ": give attn_scale (a float) or attn_scale_per_token (a [L] tensor), not both");
+  if (o.attn_scale_per_token) {
+    const at::Tensor& s = *o.attn_scale_per_token;
+    TORCH_CHECK(s.dim() == 1 && s.size(0) == tokens, op, ": attn_scale_per_token must be 1-D [L] with L = ",
+                tokens, ", got shape ", s.sizes());
+    TORCH_CHECK(supported_dtype(s.scalar_type()), op, ": attn_scale_per_token has dtype ", s.scalar_type(),
+                "; supported: float16, bfloat16, float32, float64");
+    check_same_device(op, "attn_scale_per_token", s, q);
+  }
+  if (o.rab) {
+    const at::Tensor& r = *o.rab;
+    TORCH_CHECK(r.dim() == 4 && (r.size(0) == 1 || r.size(0) == batch) && (r.size(1) == 1 || r.size(1) == heads) &&
+                    r.size(2) == o.max_seq_len && r.size(3) == o.max_seq_len,
+                op, ": rab must be [1 or B, 1 or H, max_seq_len, max_seq_len] = [1 or ", batch, ", 1 or ", heads,
+                ", ", o.max_seq_len, ", ", o.max_seq_len, "], got shape ", r.sizes());
+    TORCH_CHECK(r.scalar_type() == q.scalar_type(), op, ": rab has dtype ", r.scalar_type(), " but q has ",
+                q.scalar_type(), "; rab must have q's dtype");
+    check_same_device(op, "rab", r, q);
+  }
+}
+
+// The values of seq_offsets (and num_targets), copied to the host in one go.
+void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, HstuLayout& layout) {
+  at::Tensor values = o.seq_offsets.to(at::kLong);
+  if (o.num_targets) values = at::cat({values, o.num_targets->to(at::kLong)});
+  values = values.to(at::kCPU).contiguous();
+  const std::int64_t* v = values.data_ptr<std::int64_t>();
+  const std::int64_t batch = layout.batch;
+  layout.offsets.assign(v, v + batch + 1);
+  if (o.num_targets) layout.targets.assign(v + batch + 1, v + 2 * batch + 1);
+
+  const std::vector<std::int64_t>& off = layout.offsets;
+  TORCH_CHECK(off[0] == 0, op, ": seq_offsets[0] must be 0, got ", off[0]);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(off[b + 1] >= off[b], op, ": seq_offsets must be non-decreasing, but seq_offsets[", b + 1,
+                "] = ", off[b + 1], " < seq_offsets[", b, "] = ", off[b]);
+  }
+  TORCH_CHECK(off[batch] == tokens, op, ": seq_offsets[B] = seq_offsets[", batch, "] = ", off[batch],
+              " must equal L = q.size(0) = ", tokens);
+  for (std::int64_t b = 0; b < batch; ++b) {
+    const std::int64_t n = off[b + 1] - off[b];
+    TORCH_CHECK(n <= o.max_seq_len, op, ": sequence ", b, " has length ", n, " (seq_offsets[", b + 1,
+                "] - seq_offsets[", b, "]) but max_seq_len is ", o.max_seq_len,
+                "; max_seq_len must be at least the longest sequence");
+    if (o.num_targets) {
+      const std::int64_t t = layout.targets[b];
+      TORCH_CHECK(t >= 0 && t <= n, op, ": num_targets[", b, "] = ", t, " must be in [0, ", n,
+                  "], the length of sequence ", b);
+    }
+  }
+}
+
+// [n, n] bool: valid(i, j) for one sequence of length n with `targets` targets (-1: no num_targets).
+at::Tensor valid_mask(std::int64_t n, std::int64_t targets, const HstuOptions& o, const at::Device& device) {
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  at::Tensor id = at::arange(n, longs);
+  std::int64_t max_id = n;
+  const std::int64_t c = o.contextual_seq_len;
+  if (c > 0) {
+    id = (id - (c - 1)).clamp_min_(0);
+    max_id = n - c + 1;
+  }
+  if (targets >= 0) {
+    max_id -= targets;
+    id = id.clamp_max(max_id);
+  }
+  const at::Tensor row = id.view({n, 1});
+  const at::Tensor col = id.view({1, n});
+  at::Tensor d = row - col;
+  if (!o.causal) d = d.abs();
+  at::Tensor valid = at::eye(n, longs.dtype(at::kBool)).logical_or_(d > 0);
+  if (o.max_attn_len > 0) valid.logical_and_(d <= o.max_attn_len);
+  if (c > 0) valid.logical_or_(row.eq(0).logical_and(col < max_id));
+  return valid;
+}
+
+// rab[b or 0, :, :n, :n]: [1 or H, n, n].
+at::Tensor rab_block(const at::Tensor& rab, std::int64_t b, std::int64_t n) {
+  return rab.select(0, rab.size(0) == 1 ? 0 : b).narrow(1, 0, n).narrow(2, 0, n);
+}
+
+// The row scale of P: attn_scale_per_token rows, or one value.
+class RowScale {
+ public:
+  RowScale(const HstuOptions& o, at::ScalarType compute) : value_(scale_value(o)) {
+    if (o.attn_scale_per_token) per_token_ = o.attn_scale_per_token->to(compute);
+  }
+
+  // x [H, n, n] *= scale of rows s0 .. s0 + n, in place.
+  at::Tensor& apply(at::Tensor& x, std::int64_t s0, std::int64_t n) const {
+    if (per_token_.defined()) return x.mul_(per_token_.narrow(0, s0, n).view({1, n, 1}));
+    return x.mul_(value_);
+  }
+
+ private:
+  double value_;
+  at::Tensor per_token_;
+};
+
+// One sequence's operands and pre-activation scores, in the compute type, heads first.
+struct Sequence {
+  std::int64_t s0 = 0;
+  std::int64_t n = 0;
+  at::Tensor q, k, v;  // [H, n, D]
+  at::Tensor s;        // [H, n, n]: alpha q k^T (+ rab)
+  at::Tensor invalid;  // [n, n] bool
+};
+
+Sequence load_sequence(const at::Tensor& qc, const at::Tensor& kc, const at::Tensor& vc, const HstuOptions& o,
+                       const HstuLayout& layout, std::int64_t b, at::ScalarType compute) {
+  Sequence seq;
+  seq.s0 = layout.offsets[b];
+  seq.n = layout.offsets[b + 1] - seq.s0;
+  seq.q = qc.narrow(0, seq.s0, seq.n).transpose(0, 1);
+  seq.k = kc.narrow(0, seq.s0, seq.n).transpose(0, 1);
+  seq.v = vc.narrow(0, seq.s0, seq.n).transpose(0, 1);
+  seq.s = at::matmul(seq.q, seq.k.transpose(1, 2)).mul_(o.alpha);
+  if (o.rab) seq.s.add_(rab_block(*o.rab, b, seq.n).to(compute));
+  const std::int64_t targets = o.num_targets ? layout.targets[b] : -1;
+  seq.invalid = valid_mask(seq.n, targets, o, qc.device()).logical_not_();
+  return seq;
+}
+
+at::Tensor forward_cpu(std::int64_t max_seq_len, double alpha, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
+                       const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
+                       const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
+                       std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab) {
+  const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+  const HstuLayout layout = check_forward("hstu_mha_fwd", q, k, v, o);
+  return forward_composite(q, k, v, o, layout);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backward_cpu(
+    std::int64_t max_seq_len, double alpha, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const std::optional<at::Tensor>& num_targets,
+    std::optional<double> attn_scale, const std::optional<at::Tensor>& attn_scale_per_token,
+    std::int64_t max_attn_len, std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
+    bool rab_requires_grad) {
+  const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+  const HstuLayout layout = check_backward("hstu_mha_bwd", grad_out, q, k, v, o, rab_requires_grad);
+  return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
+}
+
+}  // namespace
+
+void define(torch::Library& m) {
+  // generative-recommenders' hstu_mha arguments (without dropout), plus the relative attention bias.
+  m.def(
+      "hstu_mha_fwd(int max_seq_len, float alpha, Tensor q, Tensor k, Tensor v, Tensor seq_offsets, bool causal, "
+      "Tensor? num_targets, float? attn_scale, Tensor? attn_scale_per_token, int max_attn_len, "
+      "int contextual_seq_len, Tensor? rab) -> Tensor");
+  m.def(
+      "hstu_mha_bwd(int max_seq_len, float alpha, Tensor grad_out, Tensor q, Tensor k, Tensor v, "
+      "Tensor seq_offsets, bool causal, Tensor? num_targets, float? attn_scale, Tensor? attn_scale_per_token, "
+      "int max_attn_len, int contextual_seq_len, Tensor? rab, bool rab_requires_grad) "
+      "-> (Tensor, Tensor, Tensor, Tensor?)");
+}
+
+HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tensor& seq_offsets, bool causal,
+                         const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
+                         const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
+                         std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab) {
+  HstuOptions o;
+  o.max_seq_len = max_seq_len;
+  o.alpha = alpha;
+  o.seq_offsets = seq_offsets;
+  o.causal = causal;
+  o.num_targets = num_targets;
+  o.attn_scale = attn_scale;
+  o.attn_scale_per_token = attn_scale_per_token;
+  o.max_attn_len = max_attn_len;
+  o.contextual_seq_len = contextual_seq_len;
+  o.rab = rab;
+  return o;
+}
+
+HstuLayout check_forward(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const HstuOptions& o) {
+  check_qkv(op, q, k, v);
+  check_index_tensor(op, "seq_offsets", "[B + 1]", o.seq_offsets, q);
+  TORCH_CHECK(o.seq_offsets.numel() >= 1, op, ": seq_offsets must have B + 1 >= 1 entries, got none");
+  HstuLayout layout;
+  layout.batch = o.seq_offsets.numel() - 1;
+  layout.tokens = q.size(0);
+  layout.heads = q.size(1);
+  layout.dqk = q.size(2);
+  layout.dv = v.size(2);
+  check_options(op, q, o, layout.batch);
+  check_values(op, o, layout.tokens, layout);
+  return layout;
+}
+
+HstuLayout check_backward(const char* op, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+                          const at::Tensor& v, const HstuOptions& o, bool rab_requires_grad) {
+  HstuLayout layout = check_forward(op, q, k, v, o);
+  TORCH_CHECK(grad_out.dim() == 3 && grad_out.sizes() == v.sizes(), op, ": grad_out must be [L, H, Dv] = ",
+              v.sizes(), " (v's shape), got shape ", grad_out.sizes());
+  TORCH_CHECK(grad_out.scalar_type() == q.scalar_type(), op, ": grad_out has dtype ", grad_out.scalar_type(),
+              " but q has ", q.scalar_type(), "; they must match");
+  check_same_device(op, "grad_out", grad_out, q);
+  TORCH_CHECK(!rab_requires_grad || o.rab, op, ": rab_requires_grad is true but rab is None");
+  return layout;
+}
+
+double scale_value(const HstuOptions& o) {
+  if (o.attn_scale) return *o.attn_scale;
+  return o.max_seq_len > 0 ? 1.0 / static_cast<double>(o.max_seq_len) : 0.0;
+}
+
+at::Tensor forward_composite(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HstuOptions& o,
+                             const HstuLayout& layout) {
+  at::Tensor out = at::empty({layout.tokens, layout.heads, layout.dv}, q.options());
+  const at::ScalarType compute = compute_type(q.scalar_type());
+  const at::Tensor qc = q.to(compute);
+  const at::Tensor kc = k.to(compute);
+  const at::Tensor vc = v.to(compute);
+  const RowScale scale(o, compute);
+  for (std::int64_t b = 0; b < layout.batch; ++b) {
+    if (layout.offsets[b + 1] == layout.offsets[b]) continue;
+    const Sequence seq = load_sequence(qc, kc, vc, o, layout, b, compute);
+    at::Tensor p = at::silu(seq.s);
+    scale.apply(p, seq.s0, seq.n).masked_fill_(seq.invalid, 0);
+    out.narrow(0, seq.s0, seq.n).copy_(at::matmul(p, seq.v).transpose(0, 1));
+  }
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backward_composite(
+    const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HstuOptions& o,
+    const HstuLayout& layout, bool rab_requires_grad) {
+  at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
+  at::Tensor grad_k = at::empty_like(k, at::MemoryFormat::Contiguous);
+  at::Tensor grad_v = at::empty_like(v, at::MemoryFormat::Contiguous);
+  const at::ScalarType compute = compute_type(q.scalar_type());
+  at::Tensor grad_rab;
+  if (rab_requires_grad) grad_rab = at::zeros(o.rab->sizes(), o.rab->options().dtype(compute));
+  const at::Tensor qc = q.to(compute);
+  const at::Tensor kc = k.to(compute);
+  const at::Tensor vc = v.to(compute);
+  const at::Tensor gc = grad_out.to(compute);
+  const RowScale scale(o, compute);
+  for (std::int64_t b = 0; b < layout.batch; ++b) {
+    if (layout.offsets[b + 1] == layout.offsets[b]) continue;
+    const Sequence seq = load_sequence(qc, kc, vc, o, layout, b, compute);
+    const at::Tensor go = gc.narrow(0, seq.s0, seq.n).transpose(0, 1);  // [H, n, Dv]
+    const at::Tensor sig = at::sigmoid(seq.s);
+    at::Tensor p = seq.s * sig;
+    scale.apply(p, seq.s0, seq.n).masked_fill_(seq.invalid, 0);
+    grad_v.narrow(0, seq.s0, seq.n).copy_(at::matmul(p.transpose(1, 2), go).transpose(0, 1));
+    at::Tensor ds = at::matmul(go, seq.v.transpose(1, 2));
+    scale.apply(ds, seq.s0, seq.n).masked_fill_(seq.invalid, 0);
+    // SiLU'(s) = sigmoid(s) * (1 + s * (1 - sigmoid(s)))
+    ds.mul_(sig * (seq.s * (1 - sig) + 1));
+    grad_q.narrow(0, seq.s0, seq.n).copy_(at::matmul(ds, seq.k).mul_(o.alpha).transpose(0, 1));
+    grad_k.narrow(0, seq.s0, seq.n).copy_(at::matmul(ds.transpose(1, 2), seq.q).mul_(o.alpha).transpose(0, 1));
+    if (rab_requires_grad) rab_block(grad_rab, b, seq.n).add_(grad_rab.size(1) == 1 ? ds.sum(0, true) : ds);
+  }
+  std::optional<at::Tensor> rab_grad;
+  if (rab_requires_grad) rab_grad = grad_rab.to(o.rab->scalar_type());
+  return {grad_q, grad_k, grad_v, rab_grad};
+}
+
+TORCH_LIBRARY_IMPL(hipdlrm, CPU, m) {
+  m.impl("hstu_mha_fwd", &forward_cpu);
+  m.impl("hstu_mha_bwd", &backward_cpu);
+}
+
+}  // namespace attention
+}  // namespace ops
+}  // namespace hipdlrm

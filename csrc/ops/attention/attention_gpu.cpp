@@ -1,0 +1,158 @@
+// HSTU attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
+//
+// fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/hstu.h). fp32 and fp64 inputs
+// take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation, and
+// the composite path is the reference the kernels are tested against. The checks read seq_offsets and
+// num_targets on the host (one small device-to-host copy per call) so that a bad batch raises a
+// RuntimeError instead of reaching a kernel.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <optional>
+#include <tuple>
+
+#include "../../kernels/attention/hstu.h"
+#include "attention.h"
+
+namespace hipdlrm {
+namespace ops {
+namespace attention {
+namespace {
+
+namespace ka = kernels::attention;
+
+bool runs_on_kernels(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+void check_status(gpu::status_t st, const char* op, const char* what) {
+  TORCH_CHECK(st == gpu::kSuccess, op, ": ", what, " failed: ", gpu::status_string(st));
+}
+
+// The converted tensors a problem points into; they live until the launch has been enqueued (the caching
+// allocator orders any reuse of their memory after the kernels on this stream).
+struct ProblemStorage {
+  at::Tensor seq_offsets;
+  at::Tensor num_targets;
+  at::Tensor scale_per_token;
+  at::Tensor rab;
+};
+
+ka::HstuProblem make_problem(const at::Tensor& q, const HstuOptions& o, const HstuLayout& layout,
+                             ProblemStorage& storage) {
+  ka::HstuProblem p;
+  p.batch = static_cast<int>(layout.batch);
+  p.heads = static_cast<int>(layout.heads);
+  p.dqk = static_cast<int>(layout.dqk);
+  p.dv = static_cast<int>(layout.dv);
+  p.max_seq_len = static_cast<int>(o.max_seq_len);
+  p.total_tokens = layout.tokens;
+  storage.seq_offsets = o.seq_offsets.to(at::kLong).contiguous();
+  p.seq_offsets = storage.seq_offsets.data_ptr<std::int64_t>();
+  p.alpha = static_cast<float>(o.alpha);
+  p.scale_value = static_cast<float>(scale_value(o));
+  if (o.attn_scale_per_token) {
+    storage.scale_per_token = o.attn_scale_per_token->to(at::kFloat).contiguous();
+    p.scale_per_token = storage.scale_per_token.data_ptr<float>();
+  }
+  p.causal = o.causal;
+  p.max_attn_len = static_cast<int>(o.max_attn_len);
+  p.contextual_seq_len = static_cast<int>(o.contextual_seq_len);
+  if (o.num_targets) {
+    storage.num_targets = o.num_targets->to(at::kLong).contiguous();
+    p.num_targets = storage.num_targets.data_ptr<std::int64_t>();
+  }
+  if (o.rab) {
+    storage.rab = o.rab->to(q.scalar_type()).contiguous();
+    p.rab = storage.rab.data_ptr();
+    p.rab_batch = static_cast<int>(storage.rab.size(0));
+    p.rab_heads = static_cast<int>(storage.rab.size(1));
+  }
+  p.dtype = q.scalar_type() == at::kHalf ? ka::ElemType::kFloat16 : ka::ElemType::kBFloat16;
+  return p;
+}
+
+bool nothing_to_compute(const HstuLayout& layout) { return layout.tokens == 0 || layout.heads == 0; }
+
+at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor& q, const at::Tensor& k,
+                       const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
+                       const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
+                       const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
+                       std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab) {
+  const char* op = "hstu_mha_fwd";
+  const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+  const HstuLayout layout = check_forward(op, q, k, v, o);
+  const c10::cuda::CUDAGuard guard(q.device());
+  if (!runs_on_kernels(q.scalar_type())) return forward_composite(q, k, v, o, layout);
+
+  at::Tensor out = at::empty({layout.tokens, layout.heads, layout.dv}, q.options());
+  if (nothing_to_compute(layout)) return out;
+  ProblemStorage storage;
+  const at::Tensor qc = q.contiguous();
+  const at::Tensor kc = k.contiguous();
+  const at::Tensor vc = v.contiguous();
+  ka::HstuForwardArgs args;
+  args.p = make_problem(q, o, layout, storage);
+  args.q = qc.data_ptr();
+  args.k = kc.data_ptr();
+  args.v = vc.data_ptr();
+  args.out = out.data_ptr();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  check_status(ka::hstu_forward(args, stream), op, "forward kernel launch");
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backward_gpu(
+    std::int64_t max_seq_len, double alpha, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
+    const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const std::optional<at::Tensor>& num_targets,
+    std::optional<double> attn_scale, const std::optional<at::Tensor>& attn_scale_per_token,
+    std::int64_t max_attn_len, std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
+    bool rab_requires_grad) {
+  const char* op = "hstu_mha_bwd";
+  const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+  const HstuLayout layout = check_backward(op, grad_out, q, k, v, o, rab_requires_grad);
+  const c10::cuda::CUDAGuard guard(q.device());
+  if (!runs_on_kernels(q.scalar_type())) return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
+
+  at::Tensor grad_q = at::empty({layout.tokens, layout.heads, layout.dqk}, q.options());
+  at::Tensor grad_k = at::empty({layout.tokens, layout.heads, layout.dqk}, q.options());
+  at::Tensor grad_v = at::empty({layout.tokens, layout.heads, layout.dv}, q.options());
+  at::Tensor grad_rab;
+  if (rab_requires_grad) grad_rab = at::zeros(o.rab->sizes(), q.options().dtype(at::kFloat));
+  if (!nothing_to_compute(layout)) {
+    ProblemStorage storage;
+    const at::Tensor qc = q.contiguous();
+    const at::Tensor kc = k.contiguous();
+    const at::Tensor vc = v.contiguous();
+    const at::Tensor gc = grad_out.contiguous();
+    const at::Tensor grad_q_accum = at::zeros({layout.tokens, layout.heads, layout.dqk}, q.options().dtype(at::kFloat));
+    ka::HstuBackwardArgs args;
+    args.p = make_problem(q, o, layout, storage);
+    args.q = qc.data_ptr();
+    args.k = kc.data_ptr();
+    args.v = vc.data_ptr();
+    args.grad_out = gc.data_ptr();
+    args.grad_q = grad_q.data_ptr();
+    args.grad_k = grad_k.data_ptr();
+    args.grad_v = grad_v.data_ptr();
+    args.grad_q_accum = grad_q_accum.data_ptr<float>();
+    args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+    check_status(ka::hstu_backward(args, stream), op, "backward kernel launch");
+  }
+  std::optional<at::Tensor> rab_grad;
+  if (rab_requires_grad) rab_grad = grad_rab.to(o.rab->scalar_type());
+  return {grad_q, grad_k, grad_v, rab_grad};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hipdlrm, CUDA, m) {
+  m.impl("hstu_mha_fwd", &forward_gpu);
+  m.impl("hstu_mha_bwd", &backward_gpu);
+}
+
+}  // namespace attention
+}  // namespace ops
+}  // namespace hipdlrm

@@ -1,0 +1,109 @@
+"""HSTU attention (generative-recommenders' ``hstu_mha`` contract), differentiable in q, k, v and rab.
+
+    torch.ops.hipdlrm.hstu_mha_fwd(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets,
+                                   attn_scale, attn_scale_per_token, max_attn_len, contextual_seq_len,
+                                   rab) -> Tensor
+    torch.ops.hipdlrm.hstu_mha_bwd(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal,
+                                   num_targets, attn_scale, attn_scale_per_token, max_attn_len,
+                                   contextual_seq_len, rab, rab_requires_grad)
+        -> (grad_q, grad_k, grad_v, grad_rab or None)
+
+Registered here: the fake (meta) kernels used by torch.compile and the autograd formula of the forward
+op, so ``hstu_mha_fwd`` itself is differentiable. See docs/attention.md for the contract and the mask.
+"""
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+_FORWARD = "hipdlrm::hstu_mha_fwd"
+_BACKWARD = "hipdlrm::hstu_mha_bwd"
+
+# Position of each argument of hstu_mha_fwd (as setup_context and needs_input_grad see them).
+_Q, _K, _V, _SCALE_PER_TOKEN, _RAB = 2, 3, 4, 9, 12
+_NUM_INPUTS = 13
+
+
+@torch.library.register_fake(_FORWARD)
+def _forward_fake(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
+                  attn_scale_per_token, max_attn_len, contextual_seq_len, rab):
+    torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, lambda: "q, k and v must be 3-D")
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+
+
+@torch.library.register_fake(_BACKWARD)
+def _backward_fake(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale,
+                   attn_scale_per_token, max_attn_len, contextual_seq_len, rab, rab_requires_grad):
+    torch._check(not rab_requires_grad or rab is not None, lambda: "rab_requires_grad is true but rab is None")
+    grad_rab = rab.new_empty(rab.shape) if rab_requires_grad else None
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_rab
+
+
+def _setup_forward(ctx, inputs, output) -> None:
+    (max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale, attn_scale_per_token,
+     max_attn_len, contextual_seq_len, rab) = inputs
+    if ctx.needs_input_grad[_SCALE_PER_TOKEN]:
+        raise ValueError("hstu_mha: attn_scale_per_token is not differentiable; pass a tensor that does not "
+                         "require grad (e.g. attn_scale.detach())")
+    ctx.save_for_backward(q, k, v, seq_offsets, num_targets, attn_scale_per_token, rab)
+    ctx.options = (max_seq_len, alpha, causal, attn_scale, max_attn_len, contextual_seq_len)
+    ctx.rab_requires_grad = rab is not None and ctx.needs_input_grad[_RAB]
+
+
+def _forward_backward(ctx, grad_out):
+    """grad_q, grad_k, grad_v (and grad_rab) from hstu_mha_bwd, which recomputes the attention."""
+    q, k, v, seq_offsets, num_targets, attn_scale_per_token, rab = ctx.saved_tensors
+    max_seq_len, alpha, causal, attn_scale, max_attn_len, contextual_seq_len = ctx.options
+    grad_q, grad_k, grad_v, grad_rab = torch.ops.hipdlrm.hstu_mha_bwd(
+        max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale,
+        attn_scale_per_token, max_attn_len, contextual_seq_len, rab, ctx.rab_requires_grad)
+    grads = [None] * _NUM_INPUTS
+    grads[_Q], grads[_K], grads[_V], grads[_RAB] = grad_q, grad_k, grad_v, grad_rab
+    return tuple(grads)
+
+
+torch.library.register_autograd(_FORWARD, _forward_backward, setup_context=_setup_forward)
+
+
+def hstu_mha(
+    max_seq_len: int,
+    alpha: float,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seq_offsets: torch.Tensor,
+    causal: bool = True,
+    num_targets: Optional[torch.Tensor] = None,
+    attn_scale: Union[float, torch.Tensor, None] = None,
+    max_attn_len: int = 0,
+    contextual_seq_len: int = 0,
+    rab: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """HSTU attention over a jagged batch; returns ``[L, H, Dv]`` in q's dtype.
+
+    For each sequence b (tokens ``seq_offsets[b]:seq_offsets[b+1]``, length n <= max_seq_len) and head:
+    ``O = (SiLU(alpha * q k^T + rab[b, h, :n, :n]) * scale (.) valid) v`` with ``scale = 1 / max_seq_len``,
+    or ``attn_scale`` (a float, or a tensor with one value per token scaling its row; a 0-d tensor
+    scales every row), and the valid mask of docs/attention.md (causal, num_targets, max_attn_len,
+    contextual_seq_len).
+
+    Args:
+        q, k: ``[L, H, Dqk]``; v: ``[L, H, Dv]``; one dtype (float16, bfloat16, float32; float64 for
+            gradcheck), head dims 32, 64, 128 or 256.
+        seq_offsets: ``[B + 1]`` int32 or int64, non-decreasing, from 0 to L.
+        num_targets: optional ``[B]`` int32/int64, the number of target tokens at the end of each sequence.
+        rab: optional relative attention bias ``[1 or B, 1 or H, max_seq_len, max_seq_len]`` in q's dtype,
+            added after alpha scales q k^T (not scaled by alpha).
+
+    Differentiable in q, k, v and rab; attn_scale is a constant.
+    """
+    scale_value: Optional[float] = None
+    scale_per_token: Optional[torch.Tensor] = None
+    if isinstance(attn_scale, torch.Tensor):
+        scale_per_token = attn_scale.expand(q.shape[0]) if attn_scale.dim() == 0 else attn_scale
+    elif attn_scale is not None:
+        scale_value = float(attn_scale)
+    return torch.ops.hipdlrm.hstu_mha_fwd(max_seq_len, float(alpha), q, k, v, seq_offsets, bool(causal),
+                                          num_targets, scale_value, scale_per_token, max_attn_len,
+                                          contextual_seq_len, rab)

@@ -1,0 +1,770 @@
+"""Correctness tests for hipdlrm.hstu_mha (torch.ops.hipdlrm.hstu_mha_fwd / hstu_mha_bwd).
+
+The oracle is written here from the contract's formulas (issue 6, docs/attention.md), independently of
+the op: the jagged batch is padded to [B, H, N, N] scores, the valid mask is built from the formula
+text (a scalar function applied position by position; a broadcasting version of the same text, checked
+against it, serves the large GPU cases), and gradients come from autograd through the padded
+computation. It runs in float64 (the exact answer) and in the input's low precision (bf16/fp16), which
+gives the FlashAttention-style tolerance: the op's error against float64 may be at most twice the error
+of the low-precision reference, plus a small absolute term.
+
+The CPU op is checked against the oracle; the GPU op (CUDA/ROCm) against the oracle and the CPU op.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import zlib
+from typing import Dict, Optional, Sequence, Tuple, Union
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hipdlrm
+from conftest import requires_gpu
+
+FWD = torch.ops.hipdlrm.hstu_mha_fwd
+BWD = torch.ops.hipdlrm.hstu_mha_bwd
+HEAD_DIMS = [32, 64, 128, 256]
+LOW_DTYPES = [torch.bfloat16, torch.float16]
+GPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+# Lengths: empty and one-token sequences, and lengths that are not multiples of 16.
+LENGTHS = [0, 1, 5, 17, 0, 33, 40]
+
+
+
+@pytest.fixture(autouse=True)
+def _one_cpu_thread(request):
+    """The CPU cases are tiny: with several intra-op threads, thread wake-ups cost more than the math (by
+    10x and more on a busy 2-core CI machine). GPU tests keep every thread for their large CPU runs."""
+    if "gpu" in request.node.name:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------------------------
+# The valid mask, from the contract's text
+# ----------------------------------------------------------------------------------------------
+
+
+def valid_by_formula(i: int, j: int, n: int, targets: Optional[int], causal: bool, max_attn_len: int,
+                     contextual_seq_len: int) -> bool:
+    """valid(i, j) for one sequence of length n, following the contract word for word."""
+    c = contextual_seq_len
+    max_id = n - c + 1 if c > 0 else n
+    if targets is not None:
+        max_id -= targets
+
+    def ident(p: int) -> int:
+        value = max(p - c + 1, 0) if c > 0 else p
+        return min(value, max_id) if targets is not None else value
+
+    d = ident(i) - ident(j)
+    if not causal:
+        d = abs(d)
+    valid = i == j or d > 0
+    if max_attn_len > 0:
+        valid = valid and d <= max_attn_len
+    if c > 0:
+        valid = valid or (ident(i) == 0 and ident(j) < max_id)
+    return valid
+
+
+@functools.lru_cache(maxsize=None)
+def mask_by_formula(lengths: Tuple[int, ...], targets: Optional[Tuple[int, ...]], n_max: int, causal: bool,
+                    max_attn_len: int, contextual_seq_len: int) -> torch.Tensor:
+    """[B, N, N] bool, position by position; False outside each sequence."""
+    mask = torch.zeros(len(lengths), n_max, n_max, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        t = None if targets is None else targets[b]
+        for i in range(n):
+            for j in range(n):
+                mask[b, i, j] = valid_by_formula(i, j, n, t, causal, max_attn_len, contextual_seq_len)
+    return mask
+
+
+def mask_broadcast(lengths: torch.Tensor, targets: Optional[torch.Tensor], n_max: int, causal: bool,
+                   max_attn_len: int, contextual_seq_len: int) -> torch.Tensor:
+    """The same mask with tensor ops ([B, N, N] bool on lengths' device), for large N."""
+    c = contextual_seq_len
+    pos = torch.arange(n_max, device=lengths.device)
+    n = lengths.view(-1, 1)
+    ident = pos.view(1, -1).expand(len(lengths), -1)
+    max_id = n
+    if c > 0:
+        ident = (ident - c + 1).clamp(min=0)
+        max_id = n - c + 1
+    if targets is not None:
+        max_id = max_id - targets.view(-1, 1)
+        ident = torch.minimum(ident, max_id)
+    row, col = ident.unsqueeze(2), ident.unsqueeze(1)
+    d = row - col
+    if not causal:
+        d = d.abs()
+    valid = torch.eye(n_max, dtype=torch.bool, device=lengths.device).unsqueeze(0) | (d > 0)
+    if max_attn_len > 0:
+        valid = valid & (d <= max_attn_len)
+    if c > 0:
+        valid = valid | ((row == 0) & (col < max_id.view(-1, 1, 1)))
+    inside = pos.view(1, -1) < n
+    return valid & inside.unsqueeze(2) & inside.unsqueeze(1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases and inputs
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    lengths: Tuple[int, ...] = tuple(LENGTHS)
+    heads: int = 2
+    dqk: int = 32
+    dv: int = 32
+    max_seq_len: Optional[int] = None  # default: the longest sequence
+    causal: bool = True
+    targets: bool = False               # num_targets drawn in [0, n]
+    max_attn_len: int = 0
+    contextual_seq_len: int = 0
+    scale: str = "default"              # default (1/N), float, per_token, scalar_tensor
+    rab: Optional[Tuple[str, str]] = None  # e.g. ("B", "1"): rab's batch and head extents
+    rab_grad: bool = True
+    offsets_dtype: torch.dtype = torch.int64
+    dtype: torch.dtype = torch.float32
+
+    @property
+    def n_max(self) -> int:
+        return self.max_seq_len if self.max_seq_len is not None else max(self.lengths, default=0)
+
+    @property
+    def alpha(self) -> float:
+        return self.dqk ** -0.5
+
+    def label(self) -> str:
+        parts = [f"causal={self.causal}"]
+        for name in ("targets", "max_attn_len", "contextual_seq_len"):
+            if getattr(self, name):
+                parts.append(f"{name}={getattr(self, name)}")
+        if self.rab:
+            parts.append(f"rab={''.join(self.rab)}")
+        return ",".join(parts)
+
+
+def _gen(*parts) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
+
+
+@dataclasses.dataclass
+class Inputs:
+    """Op arguments in the case's dtype on one device (the float64 reference converts them back)."""
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    seq_offsets: torch.Tensor
+    num_targets: Optional[torch.Tensor]
+    attn_scale: Union[None, float, torch.Tensor]
+    rab: Optional[torch.Tensor]
+    grad_out: torch.Tensor
+
+    def to(self, device) -> "Inputs":
+        def move(x):
+            return x.to(device) if isinstance(x, torch.Tensor) else x
+        return Inputs(*(move(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
+
+def make_inputs(case: Case, device="cpu", seed: int = 0) -> Inputs:
+    g = _gen(case, seed)
+    total = sum(case.lengths)
+    batch = len(case.lengths)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64).to(case.dtype)
+
+    q, k = randn(total, case.heads, case.dqk), randn(total, case.heads, case.dqk)
+    v, grad_out = randn(total, case.heads, case.dv), randn(total, case.heads, case.dv)
+    offsets = torch.tensor([0] + list(case.lengths)).cumsum(0).to(case.offsets_dtype)
+    num_targets = None
+    if case.targets:
+        num_targets = torch.tensor([int(torch.randint(0, n + 1, (1,), generator=g)) for n in case.lengths],
+                                   dtype=case.offsets_dtype)
+    scale: Union[None, float, torch.Tensor] = None
+    if case.scale == "float":
+        scale = 0.75 / max(case.n_max, 1)
+    elif case.scale == "per_token":
+        scale = ((torch.rand(total, generator=g, dtype=torch.float64) + 0.5) / max(case.n_max, 1)).to(case.dtype)
+    elif case.scale == "scalar_tensor":
+        scale = torch.tensor(1.25 / max(case.n_max, 1), dtype=case.dtype)
+    rab = None
+    if case.rab is not None:
+        rb = batch if case.rab[0] == "B" else 1
+        rh = case.heads if case.rab[1] == "H" else 1
+        rab = (0.5 * torch.randn(rb, rh, case.n_max, case.n_max, generator=g, dtype=torch.float64)).to(case.dtype)
+    return Inputs(q, k, v, offsets, num_targets, scale, rab, grad_out).to(device)
+
+
+# ----------------------------------------------------------------------------------------------
+# The oracle: padded plain PyTorch
+# ----------------------------------------------------------------------------------------------
+
+
+def pad_jagged(x: torch.Tensor, offsets: Sequence[int], n_max: int) -> torch.Tensor:
+    """[L, ...] -> [B, N, ...], zero-padded (differentiable)."""
+    pads = []
+    for b in range(len(offsets) - 1):
+        piece = x[offsets[b]:offsets[b + 1]]
+        pads.append(F.pad(piece, (0, 0) * (x.dim() - 1) + (0, n_max - piece.shape[0])))
+    return torch.stack(pads)
+
+
+def unpad(y: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
+    """[B, N, ...] -> [L, ...]."""
+    return torch.cat([y[b, :offsets[b + 1] - offsets[b]] for b in range(len(offsets) - 1)])
+
+
+def reference_mha(case: Case, inp: Inputs, q, k, v, rab, dtype: torch.dtype, mask: torch.Tensor) -> torch.Tensor:
+    """Padded HSTU in `dtype`: O = (SiLU(alpha q k^T + rab) * scale (.) valid) v, returned jagged."""
+    offsets = inp.seq_offsets.tolist()
+    n_max = case.n_max
+    qp = pad_jagged(q, offsets, n_max).transpose(1, 2)  # [B, H, N, D]
+    kp = pad_jagged(k, offsets, n_max).transpose(1, 2)
+    vp = pad_jagged(v, offsets, n_max).transpose(1, 2)
+    s = torch.einsum("bhid,bhjd->bhij", qp, kp) * case.alpha
+    if rab is not None:
+        s = s + rab
+    p = F.silu(s)
+    if isinstance(inp.attn_scale, torch.Tensor):
+        per_token = inp.attn_scale.to(dtype).expand(q.shape[0])
+        p = p * pad_jagged(per_token, offsets, n_max).view(len(offsets) - 1, 1, n_max, 1)
+    elif inp.attn_scale is not None:
+        p = p * inp.attn_scale
+    else:
+        p = p / n_max
+    p = torch.where(mask.unsqueeze(1), p, torch.zeros((), dtype=dtype, device=p.device))
+    out = torch.einsum("bhij,bhjd->bhid", p, vp)
+    return unpad(out.transpose(1, 2), offsets)
+
+
+def case_mask(case: Case, inp: Inputs, broadcast: bool = False) -> torch.Tensor:
+    device = inp.q.device
+    targets = None if inp.num_targets is None else inp.num_targets.cpu()
+    if broadcast:
+        lengths = torch.tensor(case.lengths, device=device)
+        return mask_broadcast(lengths, None if targets is None else targets.to(device).long(), case.n_max,
+                              case.causal, case.max_attn_len, case.contextual_seq_len)
+    tt = None if targets is None else tuple(targets.tolist())
+    return mask_by_formula(tuple(case.lengths), tt, case.n_max, case.causal, case.max_attn_len,
+                           case.contextual_seq_len).to(device)
+
+
+Result = Dict[str, Optional[torch.Tensor]]
+
+
+def run_reference(case: Case, inp: Inputs, dtype: torch.dtype, broadcast_mask: bool = False) -> Result:
+    """Output and gradients (q, k, v, rab) of the oracle computed in `dtype`."""
+    q, k, v = (x.detach().to(dtype).requires_grad_() for x in (inp.q, inp.k, inp.v))
+    rab = None
+    if inp.rab is not None:
+        rab = inp.rab.detach().to(dtype).requires_grad_(case.rab_grad)
+    out = reference_mha(case, inp, q, k, v, rab, dtype, case_mask(case, inp, broadcast_mask))
+    return _with_grads(out, inp.grad_out.to(dtype), q, k, v, rab)
+
+
+def run_op(case: Case, inp: Inputs) -> Result:
+    """Output and gradients of hipdlrm.hstu_mha on the inputs' device and dtype."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (inp.q, inp.k, inp.v))
+    rab = None
+    if inp.rab is not None:
+        rab = inp.rab.detach().clone().requires_grad_(case.rab_grad)
+    out = hipdlrm.hstu_mha(case.n_max, case.alpha, q, k, v, inp.seq_offsets, causal=case.causal,
+                           num_targets=inp.num_targets, attn_scale=inp.attn_scale,
+                           max_attn_len=case.max_attn_len, contextual_seq_len=case.contextual_seq_len, rab=rab)
+    assert out.dtype == inp.q.dtype and out.shape == (inp.q.shape[0], inp.q.shape[1], inp.v.shape[2])
+    return _with_grads(out, inp.grad_out, q, k, v, rab)
+
+
+def _with_grads(out, grad_out, q, k, v, rab) -> Result:
+    """{'out', 'q', 'k', 'v', 'rab'}: the output and the gradients of the leaves that require grad (None
+    for the others)."""
+    named = {"q": q, "k": k, "v": v, "rab": rab}
+    leaves = {name: x for name, x in named.items() if x is not None and x.requires_grad}
+    grads = torch.autograd.grad(out, list(leaves.values()), grad_out, allow_unused=True)
+    result: Result = {"out": out.detach(), **{name: None for name in named}}
+    for (name, x), g in zip(leaves.items(), grads):
+        result[name] = torch.zeros_like(x) if g is None else g.detach()
+    return result
+
+
+# ----------------------------------------------------------------------------------------------
+# Tolerances
+# ----------------------------------------------------------------------------------------------
+
+
+def assert_fa_close(got: torch.Tensor, exact: torch.Tensor, low: Optional[torch.Tensor], what: str) -> None:
+    """FlashAttention-style check of `got` against the float64 answer `exact`.
+
+    With `low` (the same reference computed in the low precision): max|got - exact| <= 2 max|low - exact|
+    + atol. Without it (fp32/fp64 ops): every element within rtol 1e-4 plus atol. atol is relative to the
+    largest magnitude of the answer (the outputs scale with 1/max_seq_len).
+    """
+    got = got.detach().double().cpu()
+    exact = exact.detach().double().cpu()
+    assert got.shape == exact.shape, f"{what}: shape {tuple(got.shape)} != {tuple(exact.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    magnitude = float(exact.abs().max()) if exact.numel() else 0.0
+    if low is None:
+        torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-5 * magnitude + 1e-12, msg=lambda m: f"{what}: {m}")
+        return
+    low = low.detach().double().cpu()
+    err = float((got - exact).abs().max()) if got.numel() else 0.0
+    base = float((low - exact).abs().max()) if got.numel() else 0.0
+    atol = 2.0**-12 * magnitude
+    assert err <= 2 * base + atol, (
+        f"{what}: max error {err:.3e} > 2 x {base:.3e} (low-precision reference) + {atol:.3e}")
+
+
+def check_against(got: Result, exact: Result, low: Optional[Result], case: Case, tag: str = "") -> None:
+    for name in ("out", "q", "k", "v", "rab"):
+        if exact.get(name) is None:
+            assert got.get(name) is None, f"{tag}{name}: unexpected gradient"
+            continue
+        assert_fa_close(got[name], exact[name], None if low is None else low[name],
+                        f"{tag}{case.label()} {case.dtype} {name}")
+
+
+def check_cpu_case(case: Case) -> None:
+    inp = make_inputs(case)
+    exact = run_reference(case, inp, torch.float64)
+    low = run_reference(case, inp, case.dtype) if case.dtype in LOW_DTYPES else None
+    check_against(run_op(case, inp), exact, low, case)
+
+
+# ----------------------------------------------------------------------------------------------
+# The mask itself
+# ----------------------------------------------------------------------------------------------
+
+
+def test_mask_formula_examples():
+    """Hand-derived masks: targets see the history and themselves only; the contextual prefix sees the
+    whole history and is seen by every later row."""
+    m = mask_by_formula((5,), (2,), 5, True, 0, 0)[0].int().tolist()
+    assert m == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]]
+    m = mask_by_formula((5,), None, 5, True, 0, 2)[0].int().tolist()
+    assert m == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 1, 1]]
+    m = mask_by_formula((5,), None, 5, True, 2, 0)[0].int().tolist()
+    assert m == [[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [0, 0, 1, 1, 1]]
+    m = mask_by_formula((4,), (1,), 4, False, 0, 0)[0].int().tolist()
+    assert m == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]]
+    m = mask_by_formula((4,), (2,), 4, False, 0, 0)[0].int().tolist()
+    assert m == [[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 0, 1]]
+
+
+def test_mask_broadcast_matches_formula():
+    for n in [0, 1, 2, 3, 5, 8, 11]:
+        for c in [0, 1, 2, 4, 13]:
+            for mal in [0, 1, 3]:
+                for causal in [True, False]:
+                    for t in [None] + sorted({0, 1, n // 2, n}):
+                        if t is not None and t > n:
+                            continue
+                        want = mask_by_formula((n, 3), None if t is None else (t, 0), 11, causal, mal, c)
+                        got = mask_broadcast(torch.tensor([n, 3]), None if t is None else torch.tensor([t, 0]),
+                                             11, causal, mal, c)
+                        assert torch.equal(got, want), (n, c, mal, causal, t)
+
+
+# ----------------------------------------------------------------------------------------------
+# CPU op against the oracle
+# ----------------------------------------------------------------------------------------------
+
+MASK_OPTIONS = {
+    "plain": {},
+    "targets": {"targets": True},
+    "max_attn_len": {"max_attn_len": 7},
+    "contextual": {"contextual_seq_len": 3},
+    "targets+contextual": {"targets": True, "contextual_seq_len": 3},
+    "all": {"targets": True, "max_attn_len": 9, "contextual_seq_len": 4},
+}
+MASK_CASES = [Case(causal=causal, **opts) for causal in (True, False) for opts in MASK_OPTIONS.values()]
+MASK_IDS = [f"{'causal' if c else 'full'}-{name}" for c in (True, False) for name in MASK_OPTIONS]
+
+
+@pytest.mark.parametrize("case", MASK_CASES, ids=MASK_IDS)
+def test_cpu_masks(case):
+    check_cpu_case(case)
+
+
+@pytest.mark.parametrize("dqk,dv", [(d, d) for d in HEAD_DIMS] + [(32, 64), (64, 32), (128, 256), (256, 32)])
+def test_cpu_head_dims(dqk, dv):
+    check_cpu_case(Case(lengths=(3, 0, 11, 1, 8), dqk=dqk, dv=dv, targets=True, contextual_seq_len=2))
+
+
+@pytest.mark.parametrize("scale", ["float", "per_token", "scalar_tensor"])
+def test_cpu_attn_scale(scale):
+    check_cpu_case(Case(scale=scale, targets=True, max_attn_len=5))
+
+
+@pytest.mark.parametrize("rab", [("1", "1"), ("B", "1"), ("1", "H"), ("B", "H")])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cpu_rab(rab, causal):
+    check_cpu_case(Case(rab=rab, causal=causal, heads=3, targets=True, contextual_seq_len=2))
+
+
+def test_cpu_rab_without_grad():
+    check_cpu_case(Case(rab=("B", "H"), rab_grad=False))
+
+
+def test_cpu_max_seq_len_larger_than_every_sequence():
+    """The default scale divides by max_seq_len (not by each length), and rab is [.., N, N] with N =
+    max_seq_len."""
+    check_cpu_case(Case(lengths=(4, 9, 2), max_seq_len=23, rab=("B", "1")))
+
+
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_cpu_offsets_dtype(offsets_dtype):
+    check_cpu_case(Case(offsets_dtype=offsets_dtype, targets=True))
+
+
+@pytest.mark.parametrize("lengths", [(1,), (1, 1, 1), (0, 1, 0), (2, 0, 0, 1)])
+def test_cpu_tiny_sequences(lengths):
+    check_cpu_case(Case(lengths=lengths, targets=True, contextual_seq_len=1, rab=("B", "H")))
+
+
+def test_cpu_sequences_shorter_than_the_contextual_prefix():
+    """n < contextual_seq_len: the formula's ids and max_id go to zero and below; the op follows it."""
+    check_cpu_case(Case(lengths=(1, 2, 3, 6), contextual_seq_len=4, targets=True))
+    check_cpu_case(Case(lengths=(1, 2, 3, 6), contextual_seq_len=5, causal=False, max_attn_len=2))
+
+
+@pytest.mark.parametrize("lengths", [(), (0,), (0, 0, 0)])
+def test_cpu_empty_batches(lengths):
+    case = Case(lengths=lengths, max_seq_len=4, rab=("1", "H"), targets=True)
+    got = run_op(case, make_inputs(case))
+    assert got["out"].shape == (0, 2, 32)
+    assert torch.equal(got["rab"], torch.zeros(1, 2, 4, 4))
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+@pytest.mark.parametrize("opts", ["plain", "all"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cpu_low_precision(dtype, opts, causal):
+    check_cpu_case(Case(dtype=dtype, causal=causal, rab=("B", "1"), **MASK_OPTIONS[opts]))
+
+
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_cpu_low_precision_per_token_scale_and_dims(dtype):
+    check_cpu_case(Case(dtype=dtype, scale="per_token", dqk=64, dv=128, rab=("1", "H")))
+
+
+def test_cpu_float64():
+    case = Case(dtype=torch.float64, targets=True, contextual_seq_len=2, rab=("B", "H"))
+    inp = make_inputs(case)
+    exact = run_reference(case, inp, torch.float64)
+    got = run_op(case, inp)
+    for name in ("out", "q", "k", "v", "rab"):
+        torch.testing.assert_close(got[name], exact[name], rtol=1e-10, atol=1e-12)
+
+
+def test_cpu_non_contiguous_inputs():
+    """q, k, v as slices of one fused projection (generative-recommenders' layout), rab a transposed view."""
+    case = Case(dqk=32, dv=64, rab=("B", "H"), targets=True)
+    inp = make_inputs(case)
+    total = inp.q.shape[0]
+    fused = torch.randn(total, case.heads, 32 + 32 + 64, dtype=torch.float64).float()
+    inp.q, inp.k, inp.v = fused[..., :32], fused[..., 32:64], fused[..., 64:]
+    inp.rab = inp.rab.transpose(2, 3).contiguous().transpose(2, 3)
+    inp.grad_out = torch.randn(total, 64, case.heads).float().transpose(1, 2)
+    assert not inp.q.is_contiguous() and not inp.grad_out.is_contiguous()
+    check_against(run_op(case, inp), run_reference(case, inp, torch.float64), None, case)
+
+
+def test_cpu_inputs_not_modified():
+    case = Case(scale="per_token", targets=True, rab=("B", "H"))
+    inp = make_inputs(case)
+    tensors = [inp.q, inp.k, inp.v, inp.seq_offsets, inp.num_targets, inp.attn_scale, inp.rab, inp.grad_out]
+    before = [t.clone() for t in tensors]
+    args = (case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, True, inp.num_targets, None,
+            inp.attn_scale, 0, 0, inp.rab)
+    FWD(*args)
+    BWD(case.n_max, case.alpha, inp.grad_out, *args[2:], True)
+    for t, b in zip(tensors, before):
+        assert torch.equal(t, b)
+
+
+def test_cpu_scale_per_token_requires_grad_is_an_error():
+    case = Case(scale="per_token")
+    inp = make_inputs(case)
+    with pytest.raises(ValueError, match="attn_scale_per_token is not differentiable"):
+        hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q.requires_grad_(), inp.k, inp.v, inp.seq_offsets,
+                         attn_scale=inp.attn_scale.requires_grad_())
+
+
+# ----------------------------------------------------------------------------------------------
+# gradcheck and opcheck
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_gradcheck(causal):
+    case = Case(lengths=(3, 0, 5), heads=1, dqk=32, dv=32, dtype=torch.float64, causal=causal, targets=True,
+                contextual_seq_len=2, max_attn_len=3, rab=("1", "1"))
+    inp = make_inputs(case)
+    scale = inp.attn_scale
+
+    def fn(q, k, v, rab):
+        return hipdlrm.hstu_mha(case.n_max, case.alpha, q, k, v, inp.seq_offsets, causal=causal,
+                                num_targets=inp.num_targets, attn_scale=scale, max_attn_len=case.max_attn_len,
+                                contextual_seq_len=case.contextual_seq_len, rab=rab)
+
+    args = [x.detach().clone().requires_grad_() for x in (inp.q, inp.k, inp.v, inp.rab)]
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def _op_args(case: Case, inp: Inputs, requires_grad: bool):
+    q, k, v = (x.detach().clone().requires_grad_(requires_grad) for x in (inp.q, inp.k, inp.v))
+    rab = None if inp.rab is None else inp.rab.detach().clone().requires_grad_(requires_grad)
+    scale_value = inp.attn_scale if isinstance(inp.attn_scale, float) else None
+    scale_tensor = inp.attn_scale if isinstance(inp.attn_scale, torch.Tensor) else None
+    return (case.n_max, case.alpha, q, k, v, inp.seq_offsets, case.causal, inp.num_targets, scale_value,
+            scale_tensor, case.max_attn_len, case.contextual_seq_len, rab)
+
+
+OPCHECK_CASES = [
+    Case(lengths=(3, 0, 6)),
+    Case(lengths=(3, 0, 6), causal=False, targets=True, scale="per_token", rab=("B", "1"), contextual_seq_len=2),
+    Case(lengths=(4, 2), scale="float", max_attn_len=2, rab=("1", "H"), dtype=torch.bfloat16),
+]
+
+
+def _opcheck_device_cases(device):
+    for case in OPCHECK_CASES:
+        inp = make_inputs(case, device)
+        torch.library.opcheck(FWD, _op_args(case, inp, requires_grad=True))
+        fwd = _op_args(case, inp, requires_grad=False)
+        for rab_grad in ([False, True] if inp.rab is not None else [False]):
+            torch.library.opcheck(BWD, (fwd[0], fwd[1], inp.grad_out) + fwd[2:] + (rab_grad,))
+
+
+def test_opcheck():
+    _opcheck_device_cases("cpu")
+
+
+# ----------------------------------------------------------------------------------------------
+# Errors
+# ----------------------------------------------------------------------------------------------
+
+
+def _error_args(**overrides):
+    """Valid forward arguments (B = 3, lengths 2, 0, 4, H = 2, D = 32), with overrides."""
+    args = dict(max_seq_len=4, alpha=0.5, q=torch.randn(6, 2, 32), k=torch.randn(6, 2, 32), v=torch.randn(6, 2, 32),
+                seq_offsets=torch.tensor([0, 2, 2, 6]), causal=True, num_targets=None, attn_scale=None,
+                attn_scale_per_token=None, max_attn_len=0, contextual_seq_len=0, rab=None)
+    args.update(overrides)
+    return args
+
+
+ERRORS = {
+    "q 2-D": (dict(q=torch.randn(6, 64)), r"q must be 3-D"),
+    "k shape": (dict(k=torch.randn(6, 2, 64)), r"k must have q's shape"),
+    "v rows": (dict(v=torch.randn(5, 2, 32)), r"v must be \[L, H, Dv\]"),
+    "v heads": (dict(v=torch.randn(6, 3, 32)), r"v must be \[L, H, Dv\]"),
+    "head dim": (dict(q=torch.randn(6, 2, 48), k=torch.randn(6, 2, 48)), r"Dqk = 48; supported: 32, 64, 128, 256"),
+    "v head dim": (dict(v=torch.randn(6, 2, 16)), r"Dv = 16"),
+    "int dtype": (dict(q=torch.ones(6, 2, 32, dtype=torch.int32), k=torch.ones(6, 2, 32, dtype=torch.int32),
+                       v=torch.ones(6, 2, 32, dtype=torch.int32)), r"q has dtype Int"),
+    "mixed dtype": (dict(k=torch.randn(6, 2, 32).half()), r"k has dtype Half but q has Float"),
+    "offsets float": (dict(seq_offsets=torch.tensor([0.0, 2, 2, 6])), r"seq_offsets must be int32 or int64"),
+    "offsets 2-D": (dict(seq_offsets=torch.tensor([[0, 2, 2, 6]])), r"seq_offsets must be 1-D"),
+    "offsets empty": (dict(seq_offsets=torch.tensor([], dtype=torch.int64)), r"seq_offsets must have B \+ 1 >= 1"),
+    "offsets first": (dict(seq_offsets=torch.tensor([1, 2, 2, 6])), r"seq_offsets\[0\] must be 0, got 1"),
+    "offsets not monotone": (dict(seq_offsets=torch.tensor([0, 3, 2, 6])),
+                             r"non-decreasing, but seq_offsets\[2\] = 2 < seq_offsets\[1\] = 3"),
+    "offsets last": (dict(seq_offsets=torch.tensor([0, 2, 2, 5])),
+                     r"seq_offsets\[3\] = 5 must equal L = q.size\(0\) = 6"),
+    "max_seq_len small": (dict(max_seq_len=3), r"sequence 2 has length 4 .* but max_seq_len is 3"),
+    "max_seq_len negative": (dict(max_seq_len=-1), r"max_seq_len must be in \[0, "),
+    "targets size": (dict(num_targets=torch.tensor([0, 0])), r"num_targets must have B = 3 entries"),
+    "targets dtype": (dict(num_targets=torch.tensor([0.0, 0, 0])), r"num_targets must be int32 or int64"),
+    "targets too many": (dict(num_targets=torch.tensor([0, 1, 0])), r"num_targets\[1\] = 1 must be in \[0, 0\]"),
+    "targets negative": (dict(num_targets=torch.tensor([-1, 0, 0])), r"num_targets\[0\] = -1 must be in \[0, 2\]"),
+    "both scales": (dict(attn_scale=0.5, attn_scale_per_token=torch.ones(6)), r"not both"),
+    "scale shape": (dict(attn_scale_per_token=torch.ones(5)), r"attn_scale_per_token must be 1-D \[L\]"),
+    "scale dtype": (dict(attn_scale_per_token=torch.ones(6, dtype=torch.int64)), r"attn_scale_per_token has dtype"),
+    "max_attn_len": (dict(max_attn_len=-2), r"max_attn_len must be in \[0, "),
+    "contextual": (dict(contextual_seq_len=-1), r"contextual_seq_len must be in \[0, "),
+    "rab 3-D": (dict(rab=torch.randn(2, 4, 4)), r"rab must be \[1 or B, 1 or H, max_seq_len, max_seq_len\] = \[1 or 3"),
+    "rab batch": (dict(rab=torch.randn(2, 2, 4, 4)), r"rab must be \[1 or B"),
+    "rab heads": (dict(rab=torch.randn(1, 3, 4, 4)), r"rab must be \[1 or B"),
+    "rab N": (dict(rab=torch.randn(1, 1, 5, 5)), r"rab must be \[1 or B"),
+    "rab dtype": (dict(rab=torch.randn(1, 1, 4, 4).double()), r"rab has dtype Double but q has Float"),
+}
+
+
+@pytest.mark.parametrize("name", list(ERRORS))
+def test_errors(name):
+    overrides, pattern = ERRORS[name]
+    with pytest.raises(RuntimeError, match=pattern):
+        FWD(**_error_args(**overrides))
+
+
+def test_backward_errors():
+    args = _error_args()
+    with pytest.raises(RuntimeError, match=r"grad_out must be \[L, H, Dv\]"):
+        BWD(grad_out=torch.randn(6, 2, 64), rab_requires_grad=False, **args)
+    with pytest.raises(RuntimeError, match=r"grad_out has dtype Half but q has Float"):
+        BWD(grad_out=torch.randn(6, 2, 32).half(), rab_requires_grad=False, **args)
+    with pytest.raises(RuntimeError, match=r"rab_requires_grad is true but rab is None"):
+        BWD(grad_out=torch.randn(6, 2, 32), rab_requires_grad=True, **args)
+    with pytest.raises(RuntimeError, match=r"seq_offsets\[0\] must be 0"):
+        BWD(grad_out=torch.randn(6, 2, 32), rab_requires_grad=False,
+            **_error_args(seq_offsets=torch.tensor([2, 2, 2, 6])))
+
+
+# ----------------------------------------------------------------------------------------------
+# GPU: against the oracle and the CPU op
+# ----------------------------------------------------------------------------------------------
+
+
+def check_gpu_case(case: Case, broadcast_mask: bool = False) -> None:
+    """The GPU op against the float64 oracle (FlashAttention-style for fp16/bf16) and against the CPU op
+    (within the same bound, the CPU op standing in for the exact answer)."""
+    inp_cpu = make_inputs(case)
+    inp = inp_cpu.to("cuda")
+    exact = run_reference(case, inp, torch.float64, broadcast_mask)
+    low = run_reference(case, inp, case.dtype, broadcast_mask) if case.dtype in LOW_DTYPES else None
+    got = run_op(case, inp)
+    check_against(got, exact, low, case, "gpu vs reference: ")
+    cpu = run_op(case, inp_cpu)
+    check_against(got, cpu, low, case, "gpu vs cpu op: ")
+
+
+GPU_MASK_CASES = MASK_CASES + [Case(causal=c, targets=True, max_attn_len=9, contextual_seq_len=4, rab=r,
+                                    scale="per_token") for c in (True, False) for r in (("B", "H"), ("1", "1"))]
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
+def test_gpu_masks(case, dtype):
+    check_gpu_case(dataclasses.replace(case, dtype=dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("dqk", HEAD_DIMS)
+@pytest.mark.parametrize("dv", HEAD_DIMS)
+def test_gpu_head_dims(dqk, dv, dtype):
+    """Every (Dqk, Dv) pair; lengths around the 16/64 tile edges."""
+    check_gpu_case(Case(lengths=(1, 15, 17, 0, 63, 65, 130), dqk=dqk, dv=dv, dtype=dtype, targets=True,
+                        rab=("B", "1")))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("scale", ["float", "per_token", "scalar_tensor"])
+def test_gpu_attn_scale(scale, dtype):
+    check_gpu_case(Case(scale=scale, dtype=dtype, max_attn_len=5))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("rab", [("1", "1"), ("B", "1"), ("1", "H"), ("B", "H")])
+def test_gpu_rab(rab, dtype):
+    check_gpu_case(Case(lengths=(70, 0, 1, 129, 200), heads=3, rab=rab, dtype=dtype, max_seq_len=211,
+                        contextual_seq_len=3, targets=True))
+    check_gpu_case(Case(lengths=(70, 5), rab=rab, dtype=dtype, rab_grad=False, causal=False))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("offsets_dtype", [torch.int32, torch.int64])
+def test_gpu_offsets_dtype_and_tiny_sequences(offsets_dtype, dtype):
+    check_gpu_case(Case(lengths=(0, 1, 2, 0, 1, 3), offsets_dtype=offsets_dtype, dtype=dtype, targets=True,
+                        contextual_seq_len=1))
+
+
+LONG_CASES = ([(128, 128, dtype, causal) for dtype in GPU_DTYPES for causal in (True, False)]
+              + [(64, 128, torch.bfloat16, True), (256, 64, torch.float16, False), (256, 256, torch.bfloat16, True),
+                 (32, 32, torch.float16, True), (64, 64, torch.bfloat16, False)])
+
+
+@requires_gpu
+@pytest.mark.parametrize("dqk,dv,dtype,causal", LONG_CASES, ids=lambda x: str(x).replace("torch.", ""))
+def test_gpu_long_sequences(dqk, dv, dtype, causal):
+    """max_seq_len 2048 with a few sequences of lengths that are not multiples of 16 or 64."""
+    check_gpu_case(Case(lengths=(2048, 1337, 2001, 77), max_seq_len=2048, heads=2, dqk=dqk, dv=dv, dtype=dtype,
+                        causal=causal, targets=causal, rab=("1", "H") if dqk == 128 else None),
+                   broadcast_mask=True)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+def test_gpu_long_sequences_all_masks(dtype):
+    check_gpu_case(Case(lengths=(1999, 1024, 513), max_seq_len=2048, heads=2, dqk=128, dv=128, dtype=dtype,
+                        targets=True, max_attn_len=300, contextual_seq_len=20, rab=("B", "H"), scale="per_token"),
+                   broadcast_mask=True)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+def test_gpu_backward_dk_dv_deterministic(dtype):
+    """dK and dV are accumulated per key block without atomics: two runs are bit-identical."""
+    case = Case(lengths=(1500, 999, 2048, 3), max_seq_len=2048, heads=4, dqk=128, dv=128, dtype=dtype,
+                targets=True, rab=("B", "H"))
+    inp = make_inputs(case, "cuda")
+    args = _op_args(case, inp, requires_grad=False)
+    first = BWD(args[0], args[1], inp.grad_out, *args[2:], True)
+    second = BWD(args[0], args[1], inp.grad_out, *args[2:], True)
+    assert torch.equal(first[1], second[1]), "dK differs between two runs"
+    assert torch.equal(first[2], second[2]), "dV differs between two runs"
+
+
+@requires_gpu
+def test_gpu_inputs_not_modified():
+    for dtype in GPU_DTYPES:
+        case = Case(scale="per_token", targets=True, rab=("B", "H"), dtype=dtype)
+        inp = make_inputs(case, "cuda")
+        tensors = [inp.q, inp.k, inp.v, inp.seq_offsets, inp.num_targets, inp.attn_scale, inp.rab, inp.grad_out]
+        before = [t.clone() for t in tensors]
+        args = _op_args(case, inp, requires_grad=False)
+        FWD(*args)
+        BWD(args[0], args[1], inp.grad_out, *args[2:], True)
+        torch.cuda.synchronize()
+        for t, b in zip(tensors, before):
+            assert torch.equal(t, b)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+def test_gpu_empty_batches(dtype):
+    for lengths in [(), (0,), (0, 0, 0)]:
+        case = Case(lengths=lengths, max_seq_len=4, rab=("1", "H"), dtype=dtype)
+        got = run_op(case, make_inputs(case, "cuda"))
+        assert got["out"].shape == (0, 2, 32)
+        assert torch.equal(got["rab"].cpu(), torch.zeros(1, 2, 4, 4, dtype=dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("name", ["offsets not monotone", "offsets last", "max_seq_len small", "targets too many",
+                                  "rab batch", "head dim"])
+def test_gpu_errors_leave_the_context_usable(name):
+    overrides, pattern = ERRORS[name]
+    args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _error_args(**overrides).items()}
+    args.update({k: args[k].bfloat16() for k in ("q", "k", "v") if args[k].is_floating_point()})
+    if args["rab"] is not None:
+        args["rab"] = args["rab"].bfloat16()
+    with pytest.raises(RuntimeError, match=pattern):
+        FWD(**args)
+    torch.cuda.synchronize()
+    assert float(torch.ones(4, device="cuda").sum()) == 4.0
+
+
+@requires_gpu
+def test_gpu_opcheck():
+    _opcheck_device_cases("cuda")
