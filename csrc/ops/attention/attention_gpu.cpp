@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <cstdint>
 #include <optional>
 #include <tuple>
 
@@ -23,6 +24,14 @@ namespace {
 namespace ka = kernels::attention;
 
 bool runs_on_kernels(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+
+// The kernels stage rows with 16-byte copies: a contiguous tensor whose data does not start on a 16-byte
+// boundary (a view at an odd offset) is copied first.
+at::Tensor kernel_layout(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  if (reinterpret_cast<std::uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
+  return c;
+}
 
 void check_status(gpu::status_t st, const char* op, const char* what) {
   TORCH_CHECK(st == gpu::kSuccess, op, ": ", what, " failed: ", gpu::status_string(st));
@@ -62,7 +71,7 @@ ka::HstuProblem make_problem(const at::Tensor& q, const HstuOptions& o, const Hs
     p.num_targets = storage.num_targets.data_ptr<std::int64_t>();
   }
   if (o.rab) {
-    storage.rab = o.rab->to(q.scalar_type()).contiguous();
+    storage.rab = kernel_layout(o.rab->to(q.scalar_type()));
     p.rab = storage.rab.data_ptr();
     p.rab_batch = static_cast<int>(storage.rab.size(0));
     p.rab_heads = static_cast<int>(storage.rab.size(1));
@@ -88,9 +97,9 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
   at::Tensor out = at::empty({layout.tokens, layout.heads, layout.dv}, q.options());
   if (nothing_to_compute(layout)) return out;
   ProblemStorage storage;
-  const at::Tensor qc = q.contiguous();
-  const at::Tensor kc = k.contiguous();
-  const at::Tensor vc = v.contiguous();
+  const at::Tensor qc = kernel_layout(q);
+  const at::Tensor kc = kernel_layout(k);
+  const at::Tensor vc = kernel_layout(v);
   ka::HstuForwardArgs args;
   args.p = make_problem(q, o, layout, storage);
   args.q = qc.data_ptr();
@@ -122,10 +131,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
   if (rab_requires_grad) grad_rab = at::zeros(o.rab->sizes(), q.options().dtype(at::kFloat));
   if (!nothing_to_compute(layout)) {
     ProblemStorage storage;
-    const at::Tensor qc = q.contiguous();
-    const at::Tensor kc = k.contiguous();
-    const at::Tensor vc = v.contiguous();
-    const at::Tensor gc = grad_out.contiguous();
+    const at::Tensor qc = kernel_layout(q);
+    const at::Tensor kc = kernel_layout(k);
+    const at::Tensor vc = kernel_layout(v);
+    const at::Tensor gc = kernel_layout(grad_out);
     const at::Tensor grad_q_accum = at::zeros({layout.tokens, layout.heads, layout.dqk}, q.options().dtype(at::kFloat));
     ka::HstuBackwardArgs args;
     args.p = make_problem(q, o, layout, storage);
