@@ -15,8 +15,8 @@ namespace kernels {
 namespace attention {
 
 // ---- per-architecture configuration ------------------------------------------------------------------
-// kWaves waves per block, each owning 16 query rows (forward) or 16 key rows (backward); kBlockN keys
-// (forward) or queries (backward) per step; kStages shared-memory buffers for the streamed tiles.
+// Forward: kWaves waves per block, each owning 16 query rows; kBlockN keys per step; kStages shared-memory
+// buffers for the streamed tiles.
 // NVIDIA: cp.async double buffering (two stages) with up to 227 KB of shared memory per block.
 // AMD CDNA: 64 KB of LDS per workgroup on gfx90a/gfx942 and no asynchronous global->LDS copy of 16 bytes,
 // so one stage; the 256-wide head dim halves kBlockN to fit. These are the compile-time knobs the AMD
@@ -60,6 +60,44 @@ struct FwdConfig {
   template <typename T>
   static constexpr int smem_bytes() {
     return ((kQAliasesStage ? 0 : kBlockM) + kStages * 2 * kBlockN) * kLd * static_cast<int>(sizeof(T));
+  }
+};
+
+// Backward (key-block major): kWaves waves per block, each owning 16 keys (kBlockN keys per block, k and v
+// staged once); kBlockM queries per step (q and dO streamed through kStages buffers); a [kBlockN][kBlockM]
+// 16-bit dS tile through which the block computes dQ, with one liveness flag per 16x16 sub-tile. kSplit > 1
+// splits the head dim of dK, dV and dQ across that many blocks of the same keys (each recomputes S and dP),
+// bounding the register accumulators.
+// NVIDIA: dK + dV take 2 * 16 * kD / 32 fp32 registers per lane; at kD = 256 that is 256, so the head dim
+// is split in two; k and v stay in shared memory (227 KB) and are re-read, sparing registers.
+// AMD CDNA: a wave64 lane holds half as much (128 accumulators at kD = 256, in AGPRs), so no split. The
+// wave's v rows are held in registers as MFMA operands (v is staged through k's LDS area first), so only k,
+// one q/dO stage and dS share the 64 KB of LDS; kD = 256 leaves room for 16 queries a step. k rows are held
+// in registers too up to kD = 128; at 256 they are re-read from LDS to stay clear of the 512-register limit.
+template <int kD>
+struct BwdConfig {
+  static constexpr int kWaves = 4;
+  static constexpr int kBlockN = 16 * kWaves;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  static constexpr int kBlockM = kD >= 256 ? 16 : 64;
+  static constexpr int kStages = 1;
+  static constexpr bool kVInRegisters = true;
+  static constexpr bool kKInRegisters = kD <= 128;
+  static constexpr int kSplit = 1;
+#else
+  static constexpr int kBlockM = 64;
+  static constexpr int kStages = 2;
+  static constexpr bool kVInRegisters = false;
+  static constexpr bool kKInRegisters = false;
+  static constexpr int kSplit = kD >= 256 ? 2 : 1;
+#endif
+  static constexpr int kLd = kD + 8;        // padded k / v / q / dO rows, as in the forward
+  static constexpr int kLdS = kBlockM + 8;  // padded dS rows (16-byte aligned)
+  template <typename T>
+  static constexpr int smem_bytes() {
+    return ((kVInRegisters ? 1 : 2) * kBlockN * kLd + kStages * 2 * kBlockM * kLd + kBlockN * kLdS) *
+               static_cast<int>(sizeof(T)) +
+           (kBlockN / 16) * (kBlockM / 16) * static_cast<int>(sizeof(int));
   }
 };
 

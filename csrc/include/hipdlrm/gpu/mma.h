@@ -8,12 +8,15 @@
 // A step's operands are `Op`s: 16 "outer" rows (M for A, N for B) by 16 k, in registers. Both operands are
 // loaded the same way, from a 16x16 tile of shared memory stored either outer-major ([outer][k], with
 // load_rows) or k-major ([k][outer], with load_cols). An accumulator `Acc` holds 256 / wave-width fp32
-// values per lane; c_row/c_col give the (row, col) of value e of a lane.
+// values per lane; c_row/c_col give the (row, col) of value e of a lane. kPairedCols: values 2m and 2m + 1
+// of a lane are neighbours in one row (c_col + 1), so an epilogue may store or atomically add them as a pair.
 //
 // mma_nt_packable computes X * Y^T into an accumulator whose layout pack() turns directly into the A
 // operand of a following step (rows of X as M, rows of Y as K) - no trip through shared memory. NVIDIA's
 // m16n8 accumulator already has the A-operand layout; on AMD the MFMA accumulator is the transpose of the
-// A layout, so the product is computed as (Y X^T) and read transposed. Its layout: p_row/p_col.
+// A layout, so the product is computed as (Y X^T) and read transposed. Its layout: p_row/p_col. Register m
+// of pack()'s operand holds values 2m and 2m + 1, neighbours in one row (same p_row, p_col + 1) on every
+// target, as an A operand holds pairs of consecutive k.
 //
 // Shared-memory tiles must have 16-byte aligned rows (ld a multiple of 8 elements, base 16-byte aligned).
 #pragma once
@@ -109,6 +112,7 @@ struct Mma16 {
   }
   static HIPDLRM_DEVICE int c_row(int lane, int e) { return (lane >> 2) + ((e >> 1) & 1) * 8; }
   static HIPDLRM_DEVICE int c_col(int lane, int e) { return 2 * (lane & 3) + (e & 1) + (e >> 2) * 8; }
+  static constexpr bool kPairedCols = true;
 
   static HIPDLRM_DEVICE void mma_nt_packable(Acc& c, const Op& x, const Op& y) { mma(c, x, y); }
   static HIPDLRM_DEVICE int p_row(int lane, int e) { return c_row(lane, e); }
@@ -157,6 +161,7 @@ struct Mma16 {
   }
   static HIPDLRM_DEVICE int c_row(int lane, int e) { return 4 * (lane >> 4) + e; }
   static HIPDLRM_DEVICE int c_col(int lane, int e) { return lane & 15; }
+  static constexpr bool kPairedCols = false;
 
   static HIPDLRM_DEVICE void mma_nt_packable(Acc& c, const Op& x, const Op& y) { mma(c, y, x); }
   static HIPDLRM_DEVICE int p_row(int lane, int e) { return lane & 15; }
