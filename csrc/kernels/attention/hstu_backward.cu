@@ -174,7 +174,9 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize)
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       const int qi0 = i0 + 16 * mt;
-      const bool full = mask.tile_all(qi0, qi0 + 16, jw, jw + 16);
+      // tile_all ignores rows and columns past the sequence end; the mask-free path here also reads rab and
+      // the per-token scale and writes dRab, so it requires the whole sub-tile inside the sequence.
+      const bool full = qi0 + 16 <= n && jw + 16 <= n && mask.tile_all(qi0, qi0 + 16, jw, jw + 16);
       const bool live = full || mask.tile_any(qi0, qi0 + 16, jw, jw + 16);
       typename M::Acc st, dpt;  // S^T and dP^T: p_row = key, p_col = query
       M::zero(st);
