@@ -236,12 +236,15 @@ def hstu_valid_mask(seq_offsets: torch.Tensor, num_targets: torch.Tensor, max_se
     return valid & inside.unsqueeze(2) & inside.unsqueeze(1)
 
 
-def padded_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: HstuBatch,
-                          alpha: float) -> torch.Tensor:
+def padded_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: HstuBatch, alpha: float,
+                          valid: Optional[torch.Tensor] = None) -> torch.Tensor:
     """HSTU attention the plain-PyTorch way: pad the jagged [L, H, d] tensors to [B, N, H, d], compute
     ``P = SiLU(alpha q k^T) / N`` masked by ``hstu_valid_mask`` and ``O = P v`` with batched matmuls, and
-    gather the jagged rows back. Same inputs and output as ``hipdlrm.hstu_mha``."""
+    gather the jagged rows back. Same inputs and output as ``hipdlrm.hstu_mha``. ``valid``: the batch's
+    mask when the caller has it already (one per batch, shared by the layers)."""
     B, N = batch.seq_offsets.numel() - 1, batch.max_seq_len
+    if valid is None:
+        valid = hstu_valid_mask(batch.seq_offsets, batch.num_targets, N)
     where = (batch.token_user, batch.positions)
 
     def pad(x: torch.Tensor) -> torch.Tensor:
@@ -249,8 +252,7 @@ def padded_hstu_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bat
 
     qp, kp, vp = (pad(x).transpose(1, 2) for x in (q, k, v))                  # [B, H, N, d]
     scores = torch.matmul(qp, kp.transpose(2, 3)) * alpha                      # [B, H, N, N]
-    valid = hstu_valid_mask(batch.seq_offsets, batch.num_targets, N).unsqueeze(1)
-    p = (F.silu(scores) / N).masked_fill(~valid, 0)
+    p = (F.silu(scores) / N).masked_fill(~valid.unsqueeze(1), 0)
     out = torch.matmul(p, vp).transpose(1, 2)                                  # [B, N, H, d]
     return out[where]
 
@@ -322,9 +324,10 @@ class HSTU(nn.Module):
         else:
             rows = self.embeddings(batch.indices)
             item_x, pos_x = rows.index_select(0, batch.src_rows), self.positions.index_select(0, batch.positions)
+            valid = hstu_valid_mask(batch.seq_offsets, batch.num_targets, batch.max_seq_len)
 
             def attention(q, k, v):
-                return padded_hstu_attention(q, k, v, batch, self.alpha)
+                return padded_hstu_attention(q, k, v, batch, self.alpha, valid)
 
         x = item_x + pos_x
         for layer in self.layers:
