@@ -209,7 +209,8 @@ class HstuData:
 
         hist_user = users.repeat_interleave(hist_len, output_size=num_hist)
         from_pref = torch.rand(num_hist, generator=g, device=dev) < 0.7
-        hist_clusters = torch.where(from_pref, preferred[hist_user], torch.randint(0, K, (num_hist,), generator=g, **i64))
+        hist_clusters = torch.where(from_pref, preferred[hist_user],
+                                    torch.randint(0, K, (num_hist,), generator=g, **i64))
         hist_items = self._items(hist_clusters, g)
 
         cand_user = users.repeat_interleave(C)
