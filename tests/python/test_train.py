@@ -300,8 +300,15 @@ def test_baseline_run_reports_agreement_and_ratio(tmp_path, capsys):
     assert T.main(DLRM_FLAGS + ["--steps", "12", "--baseline", "torch", "--out", str(tmp_path)]) == 0
     cmp = _summary(tmp_path)["comparison"]
     assert cmp["agree"] and cmp["max_step_loss_diff"] < 1e-5 and cmp["throughput_ratio"] > 0
+    assert cmp["tolerance"] == T.TOL_FP32
     out = capsys.readouterr().out
     assert "loss curves AGREE" in out and "throughput hipdlrm / torch" in out
+
+
+def test_amp_run_agrees_within_the_reduced_precision_tolerance(tmp_path):
+    assert T.main(DLRM_FLAGS + ["--steps", "12", "--amp", "--baseline", "torch", "--out", str(tmp_path)]) == 0
+    cmp = _summary(tmp_path)["comparison"]
+    assert cmp["agree"] and cmp["tolerance"] == T.TOL_REDUCED and "bf16 autocast" in cmp["tolerance_reason"]
 
 
 @pytest.mark.parametrize("flags", [DLRM_FLAGS + ["--baseline", "torch"],

@@ -62,8 +62,8 @@ HSTU_ONLY = ("num_items", "num_heads", "head_dim", "num_layers", "max_seq_len", 
 ATTN_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 HEAD_DIMS = (32, 64, 128, 256)
 # Flags that decide the training trajectory: a checkpoint can only be resumed with the same values.
-TRAJECTORY_FLAGS = ("model", "batch_size", "seed", "lr", "dense_lr", "eps", "zipf_alpha", "tf32", "embedding_dim",
-                    *DLRM_ONLY, *HSTU_ONLY)
+TRAJECTORY_FLAGS = ("model", "batch_size", "seed", "lr", "dense_lr", "eps", "zipf_alpha", "tf32", "amp",
+                    "embedding_dim", *DLRM_ONLY, *HSTU_ONLY)
 # Loss agreement (docs/training.md, "Agreement"): the two models' losses, each smoothed by a trailing
 # moving average over AGREEMENT_WINDOW steps, may differ by at most the tolerance at every step.
 AGREEMENT_WINDOW = 10
@@ -161,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--embedding-dim", type=_positive_int, default=None, help="embedding dim")
     p.add_argument("--zipf-alpha", type=_positive_float, default=1.05, help="skew of the row / item ids")
     p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on the GPU (both models)")
+    p.add_argument("--amp", action="store_true",
+                   help="run the forward under bf16 autocast (both models; tables and optimizer state stay fp32)")
     p.add_argument("--bounds-check", choices=("fatal", "warning", "ignore"), default="warning",
                    help="TableBatchedEmbedding's bounds-check mode")
     p.add_argument("--warmup-steps", type=_nonnegative_int, default=5,
@@ -171,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-every", type=_positive_int, default=10, help="progress update interval, in steps")
     p.add_argument("--loss-tolerance", type=_positive_float, default=None,
                    help=f"largest difference of the {AGREEMENT_WINDOW}-step moving averages of the two loss curves "
-                        f"for them to agree (default: {TOL_FP32} in fp32, {TOL_REDUCED} with bf16/fp16 attention or "
-                        "TF32)")
+                        f"for them to agree (default: {TOL_FP32} in fp32, {TOL_REDUCED} with bf16/fp16 attention, "
+                        "--amp or --tf32)")
     p.add_argument("--out", default=None, help="output folder (default: train_out/<model>)")
     p.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint here at the end")
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from this checkpoint")
@@ -348,10 +350,12 @@ class _StepTimer:
 
 
 def train_step(model: torch.nn.Module, batch, dense_opt: torch.optim.Optimizer,
-               sparse_opt: Optional[torch.optim.Optimizer]) -> torch.Tensor:
+               sparse_opt: Optional[torch.optim.Optimizer], amp: bool = False) -> torch.Tensor:
     """One step: forward, BCE loss, backward (hipdlrm: the tables are updated inside the TBE backward),
-    then the dense optimizer and, for the plain-PyTorch model, the tables' optimizer. Returns the loss."""
-    loss = F.binary_cross_entropy_with_logits(model(batch), batch.labels)
+    then the dense optimizer and, for the plain-PyTorch model, the tables' optimizer. Returns the loss.
+    ``amp``: the forward runs under bf16 autocast."""
+    with torch.autocast(batch.labels.device.type, dtype=torch.bfloat16, enabled=amp):
+        loss = F.binary_cross_entropy_with_logits(model(batch), batch.labels)
     dense_opt.zero_grad(set_to_none=True)
     if sparse_opt is not None:
         sparse_opt.zero_grad(set_to_none=True)
@@ -390,7 +394,7 @@ def train_backend(args: argparse.Namespace, backend: str, device: torch.device, 
     for step in range(start_step, args.steps):
         batch = data.batch(step)
         started = timer.start()
-        loss = train_step(model, batch, dense_opt, sparse_opt)
+        loss = train_step(model, batch, dense_opt, sparse_opt, args.amp)
         timer.stop(started, loss)
         pending_sizes.append((batch.num_examples, getattr(batch, "num_tokens", 0)))
         if (step + 1 - start_step) % args.log_every == 0 or step + 1 == args.steps:
@@ -463,6 +467,8 @@ def default_tolerance(args: argparse.Namespace) -> tuple:
     reduced = []
     if args.tf32:
         reduced.append("TF32 matmuls")
+    if args.amp:
+        reduced.append("bf16 autocast")
     if args.model == "hstu" and args.attn_dtype != "float32":
         reduced.append(f"{args.attn_dtype} attention")
     if reduced:
