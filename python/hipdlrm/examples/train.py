@@ -1,0 +1,652 @@
+"""Train a DLRM or an HSTU recommender on hipdlrm's operators, optionally beside the same model in plain
+PyTorch (docs/training.md).
+
+    python -m hipdlrm.examples.train                          # DLRM, small size (a CPU finishes in about a minute)
+    python -m hipdlrm.examples.train --baseline torch         # + the plain-PyTorch model: loss agreement, speed ratio
+    python -m hipdlrm.examples.train --model hstu --size production --steps 100 --baseline torch   # a GPU run
+
+Prints a progress bar with the loss and examples/s, then writes ``summary.json`` and ``training.png``
+(loss and throughput per step) to ``--out``. ``--save`` / ``--resume`` checkpoint the weights and the
+optimizer state of every model trained; a resumed run continues the same loss curve.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+
+import hipdlrm
+
+from . import data as data_mod
+from .models import DLRM, HSTU, DlrmConfig, HstuConfig
+from .plot import Panel, write_png
+from .progress import ProgressBar
+
+CHECKPOINT_FORMAT = "hipdlrm.examples.train/1"
+
+# Defaults per model and size; every value can be overridden by its flag.
+PRESETS: Dict[str, Dict[str, Dict[str, Any]]] = {
+    "dlrm": {
+        "small": dict(steps=300, batch_size=256, lr=0.05, dense_lr=1e-3, rows_scale=0.001, embedding_dim=16,
+                      bottom_mlp=(64, 32), top_mlp=(128, 64)),
+        # dim 128 and wide MLPs: smaller steps than the small model's, or the first steps overshoot
+        # (the loss jumps above 1.5 before it falls).
+        "production": dict(steps=100, batch_size=65536, lr=0.01, dense_lr=3e-4, rows_scale=1.0, embedding_dim=128,
+                           bottom_mlp=(512, 256), top_mlp=(1024, 1024, 512, 256)),
+    },
+    "hstu": {
+        "small": dict(steps=200, batch_size=32, lr=0.2, dense_lr=1e-3, num_items=5_000, embedding_dim=32,
+                      num_heads=2, head_dim=32, num_layers=2, max_seq_len=64, num_targets=8),
+        "production": dict(steps=100, batch_size=128, lr=0.2, dense_lr=1e-3, num_items=10_000_000,
+                           embedding_dim=128, num_heads=4, head_dim=128, num_layers=4, max_seq_len=1024,
+                           num_targets=16),
+    },
+}
+DLRM_ONLY = ("rows_scale", "bag_sizes", "bottom_mlp", "top_mlp")
+HSTU_ONLY = ("num_items", "num_heads", "head_dim", "num_layers", "max_seq_len", "num_targets", "attn_dtype",
+             "min_history_frac")
+ATTN_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+HEAD_DIMS = (32, 64, 128, 256)
+# Flags that decide the training trajectory: a checkpoint can only be resumed with the same values.
+TRAJECTORY_FLAGS = ("model", "batch_size", "seed", "lr", "dense_lr", "eps", "zipf_alpha", "tf32", "amp",
+                    "embedding_dim", *DLRM_ONLY, *HSTU_ONLY)
+# Loss agreement (docs/training.md, "Agreement"): the two models' losses, each smoothed by a trailing
+# moving average over AGREEMENT_WINDOW steps, may differ by at most the tolerance at every step.
+AGREEMENT_WINDOW = 10
+TOL_FP32 = 0.01
+TOL_REDUCED = 0.02
+
+
+# ----------------------------------------------------------------------------------------------- flags
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
+    return value
+
+
+def _int_list(text: str) -> tuple:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _bag_sizes(text: str) -> tuple:
+    """'mlperf' (DLRM-v2's multi-hot sizes), one size for every feature, or 26 comma-separated sizes."""
+    if text == "mlperf":
+        return data_mod.MLPERF_BAG_SIZES
+    sizes = _int_list(text)
+    if len(sizes) == 1:
+        return sizes * len(data_mod.MLPERF_BAG_SIZES)
+    if len(sizes) != len(data_mod.MLPERF_BAG_SIZES):
+        raise argparse.ArgumentTypeError(
+            f"expected 'mlperf', one size, or {len(data_mod.MLPERF_BAG_SIZES)} sizes, got {len(sizes)} sizes")
+    return sizes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m hipdlrm.examples.train",
+        description="Train DLRM or HSTU on synthetic data with hipdlrm's operators; --baseline torch also trains "
+                    "the same model built from plain PyTorch parts and compares loss curves and speed.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--model", choices=("dlrm", "hstu"), default="dlrm", help="which model to train")
+    p.add_argument("--size", choices=("small", "production"), default="small",
+                   help="default sizes: small (runs on a CPU in about a minute) or production (a GPU: 26 tables of "
+                        "1M-10M rows x dim 128, batch 65536; HSTU: history up to 1024, 4 heads of dim 128)")
+    p.add_argument("--baseline", choices=("torch",), default=None,
+                   help="also train the same model from plain PyTorch parts, from identical weights and data")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
+    p.add_argument("--steps", type=_positive_int, default=None, help="training steps (total, when resuming)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="examples (DLRM) or users (HSTU) per step")
+    p.add_argument("--seed", type=_nonnegative_int, default=0, help="seed of the weights and of the data")
+    p.add_argument("--lr", type=_positive_float, default=None,
+                   help="learning rate of the embedding tables (row-wise Adagrad) [default: DLRM 0.05 small, 0.01 "
+                        "production; HSTU 0.2]")
+    p.add_argument("--dense-lr", type=_positive_float, default=None,
+                   help="learning rate of the dense layers (Adam) [default: 1e-3; DLRM production 3e-4]")
+    p.add_argument("--eps", type=_positive_float, default=1e-8, help="row-wise Adagrad epsilon")
+    p.add_argument("--embedding-dim", type=_positive_int, default=None, help="embedding dim")
+    p.add_argument("--zipf-alpha", type=_positive_float, default=1.05, help="skew of the row / item ids")
+    p.add_argument("--tf32", action="store_true", help="allow TF32 matmuls on the GPU (both models)")
+    p.add_argument("--amp", action="store_true",
+                   help="run the forward under bf16 autocast (both models; tables and optimizer state stay fp32)")
+    p.add_argument("--bounds-check", choices=("fatal", "warning", "ignore"), default="warning",
+                   help="TableBatchedEmbedding's bounds-check mode")
+    p.add_argument("--warmup-steps", type=_nonnegative_int, default=5,
+                   help="first steps of a run left out of the throughput")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="CPU intra-op threads [default: 1 on --device cpu (the small models gain little from more, "
+                        "and lose much when other work shares the cores); torch's default otherwise]")
+    p.add_argument("--log-every", type=_positive_int, default=10, help="progress update interval, in steps")
+    p.add_argument("--loss-tolerance", type=_positive_float, default=None,
+                   help=f"largest difference of the {AGREEMENT_WINDOW}-step moving averages of the two loss curves "
+                        f"for them to agree (default: {TOL_FP32} in fp32, {TOL_REDUCED} with bf16/fp16 attention, "
+                        "--amp or --tf32)")
+    p.add_argument("--out", default=None, help="output folder (default: train_out/<model>)")
+    p.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint here at the end")
+    p.add_argument("--resume", default=None, metavar="PATH", help="continue from this checkpoint")
+
+    d = p.add_argument_group("DLRM (--model dlrm)")
+    d.add_argument("--rows-scale", type=_positive_float, default=None,
+                   help="table rows = Criteo 1TB cardinalities clamped to [1M, 10M] x this")
+    d.add_argument("--bag-sizes", type=_bag_sizes, default=None,
+                   help="lookups per feature: 'mlperf' (DLRM-v2 multi-hot), one size, or 26 sizes [default: mlperf]")
+    d.add_argument("--bottom-mlp", type=_int_list, default=None, help="hidden sizes of the bottom MLP")
+    d.add_argument("--top-mlp", type=_int_list, default=None, help="hidden sizes of the top MLP")
+
+    h = p.add_argument_group("HSTU (--model hstu)")
+    h.add_argument("--num-items", type=_positive_int, default=None, help="rows of the item table")
+    h.add_argument("--max-seq-len", type=_positive_int, default=None, help="history + candidates, per user")
+    h.add_argument("--num-targets", type=_positive_int, default=None, help="candidates per user")
+    h.add_argument("--num-heads", type=_positive_int, default=None, help="attention heads")
+    h.add_argument("--head-dim", type=int, choices=HEAD_DIMS, default=None, help="per-head dim of q, k, v")
+    h.add_argument("--num-layers", type=_positive_int, default=None, help="HSTU layers")
+    h.add_argument("--attn-dtype", choices=tuple(ATTN_DTYPES), default=None,
+                   help="dtype of q, k, v and the attention [default: bfloat16 on a GPU, float32 on the CPU]")
+    h.add_argument("--min-history-frac", type=_fraction, default=None,
+                   help="history lengths are uniform in [this, 1] x (max-seq-len - num-targets) [default: 0.5]")
+    return p
+
+
+def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """Fills the model's size defaults and rejects flags that do not fit together (parser.error: exit 2)."""
+    other = HSTU_ONLY if args.model == "dlrm" else DLRM_ONLY
+    for name in other:
+        if getattr(args, name) is not None:
+            parser.error(f"--{name.replace('_', '-')} applies to --model {'hstu' if args.model == 'dlrm' else 'dlrm'} "
+                         f"only (this run is --model {args.model})")
+    for name, value in PRESETS[args.model][args.size].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.model == "dlrm":
+        if args.bag_sizes is None:
+            args.bag_sizes = data_mod.MLPERF_BAG_SIZES
+    else:
+        if args.min_history_frac is None:
+            args.min_history_frac = 0.5
+        if args.num_targets >= args.max_seq_len:
+            parser.error(f"--num-targets ({args.num_targets}) must be smaller than --max-seq-len ({args.max_seq_len})")
+        if args.num_items < data_mod.HSTU_CLUSTERS:
+            parser.error(f"--num-items must be at least {data_mod.HSTU_CLUSTERS}, got {args.num_items}")
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError as e:
+        parser.error(f"--device {args.device!r}: {e}")
+    if device.type not in ("cpu", "cuda"):
+        parser.error(f"--device must be cpu or cuda[:N], got {args.device!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: torch.cuda.is_available() is False on this machine "
+                         f"(torch {torch.__version__}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            parser.error(f"--device {args.device}: there are {torch.cuda.device_count()} GPUs")
+    if args.model == "hstu" and args.attn_dtype is None:
+        args.attn_dtype = "bfloat16" if device.type == "cuda" else "float32"
+    if args.tf32 and device.type != "cuda":
+        parser.error("--tf32 applies to GPU runs only")
+    if args.out is None:
+        args.out = os.path.join("train_out", args.model)
+    if args.resume is not None and not os.path.isfile(args.resume):
+        parser.error(f"--resume {args.resume}: no such file")
+    return args
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line, checked and completed with the model's size defaults (bad flags exit with 2)."""
+    parser = build_parser()
+    return resolve_args(parser, parser.parse_args(argv))
+
+
+def trajectory_config(args: argparse.Namespace) -> Dict[str, Any]:
+    """The flags that decide the losses step by step, plus the device type (the data is generated there)."""
+    cfg = {name: getattr(args, name) for name in TRAJECTORY_FLAGS}
+    cfg = {k: (list(v) if isinstance(v, tuple) else v) for k, v in cfg.items()}
+    cfg["device_type"] = torch.device(args.device).type
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------- training
+
+@dataclass
+class History:
+    """Per step of a backend's run (resumed runs include the checkpoint's steps)."""
+
+    loss: List[float] = field(default_factory=list)
+    step_ms: List[float] = field(default_factory=list)
+    examples: List[int] = field(default_factory=list)
+    tokens: List[int] = field(default_factory=list)
+
+
+@dataclass
+class RunResult:
+    backend: str
+    history: History
+    start_step: int
+    wall_s: float
+    peak_memory_gb: Optional[float]
+    checkpoint_state: Optional[Dict[str, Any]]
+
+
+def make_data(args: argparse.Namespace, device: torch.device):
+    if args.model == "dlrm":
+        return data_mod.DlrmData(data_mod.table_rows(args.rows_scale), args.bag_sizes, args.batch_size,
+                                 args.zipf_alpha, args.seed, device)
+    return data_mod.HstuData(args.num_items, args.max_seq_len, args.num_targets, args.batch_size,
+                             args.min_history_frac, args.zipf_alpha, args.seed, device)
+
+
+def make_model(args: argparse.Namespace, backend: str, device: torch.device) -> torch.nn.Module:
+    mode = hipdlrm.BoundsCheckMode[args.bounds_check.upper()]
+    if args.model == "dlrm":
+        cfg = DlrmConfig(tuple(data_mod.table_rows(args.rows_scale)), tuple(args.bag_sizes), args.embedding_dim,
+                         tuple(args.bottom_mlp), tuple(args.top_mlp))
+        return DLRM(cfg, backend, device, args.seed, args.lr, args.eps, mode)
+    cfg = HstuConfig(args.num_items, args.embedding_dim, args.num_heads, args.head_dim, args.num_layers,
+                     args.max_seq_len, ATTN_DTYPES[args.attn_dtype])
+    return HSTU(cfg, backend, device, args.seed, args.lr, args.eps, mode)
+
+
+def _to_cpu(obj):
+    """A copy of a (nested) state dict with every tensor on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+class _StepTimer:
+    """Times training steps without stalling the GPU: CUDA events per step, read at log points."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.pending: List[tuple] = []
+
+    def start(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def stop(self, started, loss: torch.Tensor) -> None:
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self.pending.append((started, event, loss.detach()))
+        else:
+            self.pending.append(((time.perf_counter() - started) * 1e3, None, loss.detach()))
+
+    def collect(self) -> tuple:
+        """(losses, step milliseconds) of the steps since the last call; waits for them to finish."""
+        if not self.pending:
+            return [], []
+        if self.cuda:
+            self.pending[-1][1].synchronize()
+            times = [s.elapsed_time(e) for s, e, _ in self.pending]
+        else:
+            times = [t for t, _, _ in self.pending]
+        losses = torch.stack([loss for _, _, loss in self.pending]).float().cpu().tolist()
+        self.pending = []
+        return losses, times
+
+
+def train_step(model: torch.nn.Module, batch, dense_opt: torch.optim.Optimizer,
+               sparse_opt: Optional[torch.optim.Optimizer], amp: bool = False) -> torch.Tensor:
+    """One step: forward, BCE loss, backward (hipdlrm: the tables are updated inside the TBE backward),
+    then the dense optimizer and, for the plain-PyTorch model, the tables' optimizer. Returns the loss.
+    ``amp``: the forward runs under bf16 autocast."""
+    with torch.autocast(batch.labels.device.type, dtype=torch.bfloat16, enabled=amp):
+        loss = F.binary_cross_entropy_with_logits(model(batch), batch.labels)
+    dense_opt.zero_grad(set_to_none=True)
+    if sparse_opt is not None:
+        sparse_opt.zero_grad(set_to_none=True)
+    loss.backward()
+    dense_opt.step()
+    if sparse_opt is not None:
+        sparse_opt.step()
+    return loss
+
+
+def make_optimizers(args: argparse.Namespace, model: torch.nn.Module) -> tuple:
+    """(Adam over the dense parameters, the tables' optimizer or None when fused)."""
+    return (torch.optim.Adam(model.dense_parameters(), lr=args.dense_lr),
+            model.embeddings.sparse_optimizer(args.lr, args.eps))
+
+
+def train_backend(args: argparse.Namespace, backend: str, device: torch.device, data,
+                  resume_state: Optional[Dict[str, Any]], start_step: int) -> RunResult:
+    """Trains one backend's model from its initial weights (or the checkpoint) up to --steps."""
+    model = make_model(args, backend, device)
+    dense_opt, sparse_opt = make_optimizers(args, model)
+    history = History()
+    if resume_state is not None:
+        model.load_state_dict(resume_state["model"])
+        dense_opt.load_state_dict(resume_state["dense_optimizer"])
+        if sparse_opt is not None:
+            sparse_opt.load_state_dict(resume_state["sparse_optimizer"])
+        history = History(**resume_state["history"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    timer = _StepTimer(device)
+    bar = ProgressBar(args.steps, f"{args.model} {backend:<7}", start=start_step)
+    pending_sizes: List[tuple] = []
+    wall_start = time.perf_counter()
+    for step in range(start_step, args.steps):
+        batch = data.batch(step)
+        started = timer.start()
+        loss = train_step(model, batch, dense_opt, sparse_opt, args.amp)
+        timer.stop(started, loss)
+        pending_sizes.append((batch.num_examples, getattr(batch, "num_tokens", 0)))
+        if (step + 1 - start_step) % args.log_every == 0 or step + 1 == args.steps:
+            losses, times = timer.collect()
+            if not all(math.isfinite(v) for v in losses):
+                raise FloatingPointError(f"{backend}: the loss is not finite at step {step} ({losses[-1]}); "
+                                         "try a smaller --lr or --dense-lr")
+            history.loss += losses
+            history.step_ms += times
+            history.examples += [e for e, _ in pending_sizes]
+            history.tokens += [t for _, t in pending_sizes]
+            seconds = sum(times) / 1e3
+            bar.update(step + 1, loss=statistics.fmean(losses),
+                       **{"ex/s": sum(e for e, _ in pending_sizes) / seconds if seconds > 0 else float("nan")})
+            pending_sizes = []
+    wall_s = time.perf_counter() - wall_start
+    peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
+    state = None
+    if args.save is not None:
+        state = _to_cpu({"model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(),
+                         "sparse_optimizer": None if sparse_opt is None else sparse_opt.state_dict()})
+        state["history"] = asdict(history)
+    return RunResult(backend, history, start_step, wall_s, peak, state)
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+def summarize(args: argparse.Namespace, result: RunResult) -> Dict[str, Any]:
+    """Throughput over this run's steps after --warmup-steps; losses over the whole curve."""
+    h, first = result.history, result.start_step
+    measured = slice(first + args.warmup_steps, args.steps)      # main() leaves at least one step here
+    seconds = sum(h.step_ms[measured]) / 1e3
+    examples = sum(h.examples[measured])
+    window = min(10, len(h.loss))
+    out = {
+        "steps_run": args.steps - first,
+        "start_step": first,
+        "steps_timed": len(h.step_ms[measured]),
+        "examples_per_step": h.examples[-1],
+        "examples_per_s": examples / seconds if seconds > 0 else None,
+        "examples_per_s_wall": sum(h.examples[first:]) / result.wall_s if result.wall_s > 0 else None,
+        "step_ms_median": statistics.median(h.step_ms[measured]),
+        "loss_first10": statistics.fmean(h.loss[:window]),
+        "loss_last10": statistics.fmean(h.loss[-window:]),
+        "wall_s": result.wall_s,
+        "peak_memory_gb": result.peak_memory_gb,
+        "loss": h.loss,
+        "step_ms": h.step_ms,
+    }
+    if args.model == "hstu":
+        out["tokens_per_s"] = sum(h.tokens[measured]) / seconds if seconds > 0 else None
+    return out
+
+
+def moving_average(values: Sequence[float], window: int) -> List[float]:
+    """Trailing mean over the last ``window`` values (fewer at the start)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def default_tolerance(args: argparse.Namespace) -> tuple:
+    """(tolerance, reason) for the loss comparison."""
+    if args.loss_tolerance is not None:
+        return args.loss_tolerance, "set by --loss-tolerance"
+    reduced = []
+    if args.tf32:
+        reduced.append("TF32 matmuls")
+    if args.amp:
+        reduced.append("bf16 autocast")
+    if args.model == "hstu" and args.attn_dtype != "float32":
+        reduced.append(f"{args.attn_dtype} attention")
+    if reduced:
+        return TOL_REDUCED, f"{' and '.join(reduced)}: both models round to 8-11 mantissa bits, in different places"
+    return TOL_FP32, "fp32: the models differ in summation order only"
+
+
+def compare(args: argparse.Namespace, ours: Dict[str, Any], base: Dict[str, Any]) -> Dict[str, Any]:
+    """Loss agreement (moving averages within the tolerance) and the throughput ratio."""
+    tol, reason = default_tolerance(args)
+    a, b = ours["loss"], base["loss"]
+    window = min(AGREEMENT_WINDOW, len(a))
+    smoothed = [abs(x - y) for x, y in zip(moving_average(a, window), moving_average(b, window))]
+    per_step = [abs(x - y) for x, y in zip(a, b)]
+    worst = max(range(len(smoothed)), key=smoothed.__getitem__)
+    worst_step = max(range(len(per_step)), key=per_step.__getitem__)
+    ratio = None
+    if ours["examples_per_s"] and base["examples_per_s"]:
+        ratio = ours["examples_per_s"] / base["examples_per_s"]
+    return {
+        "window": window,
+        "max_smoothed_loss_diff": smoothed[worst],
+        "at_step": worst,
+        "max_step_loss_diff": per_step[worst_step],
+        "max_step_loss_diff_at": worst_step,
+        "tolerance": tol,
+        "tolerance_reason": reason,
+        "agree": smoothed[worst] <= tol,
+        "throughput_ratio": ratio,
+    }
+
+
+def _git_revision() -> Optional[str]:
+    if os.environ.get("HIPDLRM_GIT_REVISION"):
+        return os.environ["HIPDLRM_GIT_REVISION"]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent, capture_output=True,
+                             text=True, timeout=10, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def environment(device: torch.device) -> Dict[str, Any]:
+    return {
+        "command": shlex.join([sys.executable, "-m", "hipdlrm.examples.train", *sys.argv[1:]]),
+        "git_revision": _git_revision(),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "hip_version": torch.version.hip,
+        "python_version": platform.python_version(),
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+        or platform.machine(),
+        "cpu_threads": torch.get_num_threads(),
+        "hipdlrm": os.path.dirname(hipdlrm.__file__),
+    }
+
+
+def write_plot(path: Path, args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> Path:
+    """Loss and throughput per step, each a trailing moving average over AGREEMENT_WINDOW steps."""
+    w = AGREEMENT_WINDOW
+    loss = Panel(f"{args.model}: training loss (bce), {w}-step average", "step", "loss")
+    speed = Panel(f"training throughput, {w}-step average", "step", "examples/s")
+    for name, run in runs.items():
+        steps = list(range(len(run["loss"])))
+        loss.add(name, steps, moving_average(run["loss"], w))
+        first = run["start_step"] + args.warmup_steps
+        examples, seconds = run["examples"][first:], [ms / 1e3 for ms in run["step_ms"][first:]]
+        rate = [e / s if s > 0 else float("nan")
+                for e, s in zip(moving_average(examples, w), moving_average(seconds, w))]
+        speed.add(name, steps[first:], rate)
+    return write_png(path, [loss, speed])
+
+
+def _fmt_rate(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+# ----------------------------------------------------------------------------------------------- main
+
+def load_checkpoint(parser: argparse.ArgumentParser, args: argparse.Namespace, backends: Sequence[str],
+                    device: torch.device) -> Dict[str, Any]:
+    """The --resume checkpoint, checked against this run (parser.error when it does not fit)."""
+    try:
+        checkpoint = torch.load(args.resume, map_location=device, weights_only=True)
+    except Exception as e:  # noqa: BLE001  (any unreadable file gets the same message)
+        parser.error(f"--resume {args.resume}: cannot read it as a checkpoint ({type(e).__name__}: {e})")
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT:
+        parser.error(f"--resume {args.resume}: not a checkpoint written by this example's --save")
+    saved, now = checkpoint["config"], trajectory_config(args)
+    diff = [f"--{k.replace('_', '-')} {saved.get(k)!r} (this run: {now[k]!r})" for k in now if saved.get(k) != now[k]]
+    if diff:
+        parser.error(f"--resume {args.resume}: the checkpoint was trained with other settings: " + "; ".join(diff))
+    missing = [b for b in backends if b not in checkpoint["backends"]]
+    if missing:
+        parser.error(f"--resume {args.resume}: the checkpoint has no state for {', '.join(missing)} "
+                     f"(it has {', '.join(checkpoint['backends'])}); resume with the --baseline it was saved with")
+    if args.steps <= checkpoint["step"]:
+        parser.error(f"--steps {args.steps}: the checkpoint is already at step {checkpoint['step']}; "
+                     "ask for more steps to continue")
+    return checkpoint
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = resolve_args(parser, parser.parse_args(argv))
+    device = torch.device(args.device)
+    if args.tf32:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if args.threads is not None or device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    backends = ["hipdlrm"] + ([args.baseline] if args.baseline else [])
+    checkpoint = load_checkpoint(parser, args, backends, device) if args.resume is not None else None
+    start_step = checkpoint["step"] if checkpoint is not None else 0
+    if args.warmup_steps >= args.steps - start_step:
+        parser.error(f"--warmup-steps {args.warmup_steps} leaves no timed step in a run of {args.steps - start_step} "
+                     "steps")
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(f"hipdlrm.examples.train: --model {args.model} --size {args.size} on {device} "
+          f"({environment(device)['device_name']}), {args.steps} steps of {args.batch_size} "
+          f"{'examples' if args.model == 'dlrm' else 'users'}, seed {args.seed}", file=sys.stderr)
+    data = make_data(args, device)
+    results: Dict[str, RunResult] = {}
+    for backend in backends:
+        state = checkpoint["backends"][backend] if checkpoint is not None else None
+        results[backend] = train_backend(args, backend, device, data, state, start_step)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    runs = {}
+    for name, result in results.items():
+        runs[name] = summarize(args, result)
+        runs[name]["examples"] = result.history.examples
+    summary: Dict[str, Any] = {
+        "example": "hipdlrm.examples.train",
+        "model": args.model,
+        "environment": environment(device),
+        "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
+        "runs": runs,
+    }
+    print()
+    unit = "examples/s" if args.model == "dlrm" else "users/s"
+    for name, run in runs.items():
+        extra = f", {_fmt_rate(run['tokens_per_s'])} tokens/s" if args.model == "hstu" else ""
+        print(f"{name:<8} {_fmt_rate(run['examples_per_s'])} {unit}{extra} (median step "
+              f"{run['step_ms_median']:.2f} ms over {run['steps_timed']} steps); loss {run['loss_first10']:.4f} "
+              f"(first 10 steps) -> {run['loss_last10']:.4f} (last 10)")
+    status = 0
+    if args.baseline:
+        cmp = compare(args, runs["hipdlrm"], runs[args.baseline])
+        summary["comparison"] = cmp
+        verdict = "AGREE" if cmp["agree"] else "DISAGREE"
+        print(f"loss curves {verdict}: {cmp['window']}-step moving averages differ by at most "
+              f"{cmp['max_smoothed_loss_diff']:.2g} (step {cmp['at_step']}; tolerance {cmp['tolerance']:g}, "
+              f"{cmp['tolerance_reason']}); single steps by at most {cmp['max_step_loss_diff']:.2g} "
+              f"(step {cmp['max_step_loss_diff_at']})")
+        if cmp["throughput_ratio"] is not None:
+            print(f"throughput hipdlrm / torch: {cmp['throughput_ratio']:.2f}x")
+        status = 0 if cmp["agree"] else 1
+
+    plot_path = write_plot(out_dir / "training.png", args, runs)
+    summary["plot"] = str(plot_path)
+    if args.save is not None:
+        save_path = Path(args.save)
+        save_path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"format": CHECKPOINT_FORMAT, "config": trajectory_config(args), "step": args.steps,
+                    "backends": {name: r.checkpoint_state for name, r in results.items()}}, save_path)
+        summary["checkpoint"] = str(save_path)
+        print(f"checkpoint: {save_path}")
+    summary_path = out_dir / "summary.json"
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    print(f"summary: {summary_path}\nplot:    {plot_path}")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""Tests of the training example, ``python -m hipdlrm.examples.train`` (docs/training.md).
+
+- the synthetic data: a pure function of (seed, step), well-formed TBE / jagged layouts;
+- the plain-PyTorch parts checked against formulas written here: row-wise Adagrad, the HSTU mask and the
+  padded HSTU attention (a per-sequence loop in fp64);
+- hipdlrm model vs plain-PyTorch model: the same losses step by step and the same weights after a few
+  steps on the CPU; the agreement check accepts them and rejects a model trained with a 2x learning rate;
+- a short run's loss falls; --save / --resume continues bit for bit; bad flags exit with a message naming
+  the flag; the summary and the PNG plot are written.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import struct
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import hipdlrm
+from hipdlrm.examples import data as data_mod
+from hipdlrm.examples import models, plot, progress
+from hipdlrm.examples import train as T
+from conftest import HAS_GPU
+
+requires_hstu = pytest.mark.skipif(not hasattr(hipdlrm, "hstu_mha"),
+                                   reason="hipdlrm.hstu_mha is not in this build")
+CPU = torch.device("cpu")
+# A small DLRM (tables of 100-1000 rows, DLRM-v2 bag sizes) and a small HSTU: a step takes ~10-50 ms here.
+DLRM_FLAGS = ["--device", "cpu", "--batch-size", "32", "--rows-scale", "0.0001"]
+HSTU_FLAGS = ["--device", "cpu", "--model", "hstu", "--batch-size", "8", "--max-seq-len", "32",
+              "--num-targets", "4", "--num-items", "2000"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """The models here are tiny: one intra-op thread is as fast, and it keeps OpenMP's thread hand-offs
+    (tens of milliseconds per op when the two cores are busy with other work) out of the test time."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _run_steps(args, backend: str, steps: int):
+    """Trains ``backend`` for ``steps`` steps; returns (losses, model)."""
+    model = T.make_model(args, backend, CPU)
+    dense_opt, sparse_opt = T.make_optimizers(args, model)
+    data = T.make_data(args, CPU)
+    losses = [T.train_step(model, data.batch(s), dense_opt, sparse_opt).item() for s in range(steps)]
+    return losses, model
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+def test_dlrm_data_is_seeded_and_well_formed():
+    rows = data_mod.table_rows(0.001)
+    assert len(rows) == 26 and min(rows) == 1000 and max(rows) == 10000
+    assert sum(data_mod.table_rows(1.0)) == 73_067_956  # 5 x 10M + 3,067,956 + 20 x 1M
+    data = data_mod.DlrmData(rows, data_mod.MLPERF_BAG_SIZES, 32, 1.05, seed=3, device=CPU)
+    a, b, c = data.batch(7), data.batch(7), data.batch(8)
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.labels, b.labels) and torch.equal(a.dense, b.dense)
+    assert not torch.equal(a.indices, c.indices)
+    other_seed = data_mod.DlrmData(rows, data_mod.MLPERF_BAG_SIZES, 32, 1.05, seed=4, device=CPU).batch(7)
+    assert not torch.equal(a.indices, other_seed.indices)
+    B, T_ = 32, 26
+    assert a.offsets.numel() == T_ * B + 1 and a.offsets[-1] == a.indices.numel() == B * sum(data_mod.MLPERF_BAG_SIZES)
+    start = 0
+    for t, (n, L) in enumerate(zip(a.lookups_per_feature, data_mod.MLPERF_BAG_SIZES)):
+        assert n == B * L and a.offsets[t * B] == start
+        chunk = a.indices[start:start + n]
+        assert chunk.min() >= 0 and chunk.max() < rows[t]
+        start += n
+    assert set(a.labels.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_dlrm_labels_follow_the_hidden_rule():
+    """The labels correlate with the logit the generator documents (the signal the model can learn)."""
+    rows = data_mod.table_rows(0.001)
+    data = data_mod.DlrmData(rows, data_mod.MLPERF_BAG_SIZES, 4096, 1.05, seed=0, device=CPU)
+    batch = data.batch(0)
+    score = data_mod.hidden_score(batch.indices * 26 + data.table_of_lookup)
+    sparse = torch.zeros(4096).index_add_(0, data.example_of_lookup, score) * data.sparse_norm
+    logit = 1.5 * batch.dense @ data.dense_weight + 1.5 * sparse
+    assert 0.9 < logit.std() / (1.5 * 2 ** 0.5) < 1.1               # both terms have unit variance
+    ll_rule = -F.binary_cross_entropy_with_logits(logit, batch.labels)
+    ll_const = -F.binary_cross_entropy_with_logits(torch.zeros(4096), batch.labels)
+    assert ll_rule > ll_const + 0.15                                  # the rule explains the labels
+
+
+@pytest.mark.parametrize("alpha", [1.0, 1.05, 1.3])
+def test_zipf_rows_are_skewed_and_in_range(alpha):
+    """P(rank k) = the power law's mass on [k + 1, k + 2): (k+1)^(1-a) - (k+2)^(1-a), ln((k+2)/(k+1)) at a = 1."""
+    g = torch.Generator().manual_seed(0)
+    n = torch.full((400_000,), 1000, dtype=torch.int64)
+    rows = data_mod.zipf_rows(n, alpha, g)
+    assert rows.min() >= 0 and rows.max() < 1000
+    counts = torch.bincount(rows, minlength=1000).double()
+
+    def mass(k):
+        if alpha == 1.0:
+            return math.log((k + 2) / (k + 1))
+        return (k + 1) ** (1 - alpha) - (k + 2) ** (1 - alpha)
+
+    for rank in (1, 2, 9):
+        row = rank * 2147483647 % 1000                                 # where the bijection puts the rank
+        assert float(counts[0] / counts[row]) == pytest.approx(mass(0) / mass(rank), rel=0.05)
+
+
+def test_hstu_data_is_seeded_and_well_formed():
+    B, N, C = 6, 20, 3
+    data = data_mod.HstuData(500, N, C, B, 0.5, 1.05, seed=1, device=CPU)
+    a, b = data.batch(2), data.batch(2)
+    assert torch.equal(a.indices, b.indices) and torch.equal(a.labels, b.labels)
+    lengths = a.seq_offsets[1:] - a.seq_offsets[:-1]
+    assert int(lengths.max()) <= N and int((lengths - C).min()) >= data.min_history
+    assert a.offsets.numel() == 2 * B + 1 and a.offsets[-1] == a.indices.numel() == a.num_tokens
+    assert torch.equal(a.offsets[B:] - a.offsets[B], torch.arange(0, B * C + 1, C))
+    # every lookup row is used by exactly one sequence token, history first, then the candidates
+    assert torch.equal(a.src_rows.sort().values, torch.arange(a.num_tokens))
+    assert torch.equal(a.src_rows[a.target_rows], a.cand_rows)
+    for u in range(B):
+        s, e = int(a.seq_offsets[u]), int(a.seq_offsets[u + 1])
+        assert torch.equal(a.positions[s:e], torch.arange(e - s))
+        assert a.target_rows[u * C:(u + 1) * C].tolist() == list(range(e - C, e))
+        hist = a.indices[int(a.offsets[u]):int(a.offsets[u + 1])]
+        assert torch.equal(a.indices[a.src_rows[s:e - C]], hist)
+    assert a.indices.min() >= 0 and a.indices.max() < 500
+
+
+# ----------------------------------------------------------------------------------------------- plain parts
+
+def test_rowwise_adagrad_matches_its_formula():
+    torch.manual_seed(0)
+    w0 = torch.randn(6, 4, dtype=torch.float64)
+    bag = torch.nn.EmbeddingBag.from_pretrained(w0.clone(), freeze=False, mode="sum", sparse=True)
+    opt = models.RowwiseAdagrad([bag.weight], lr=0.3, eps=1e-3)
+    state = torch.zeros(6, dtype=torch.float64)
+    w = w0.clone()
+    for step in range(3):
+        idx = torch.tensor([[1, 1, 4], [0, 4, 2]]) if step != 1 else torch.tensor([[5, 5, 5], [1, 3, 3]])
+        g_out = torch.randn(2, 4, dtype=torch.float64)
+        opt.zero_grad()
+        (bag(idx) * g_out).sum().backward()
+        opt.step()
+        g = torch.zeros(6, 4, dtype=torch.float64)
+        for b in range(2):
+            for r in idx[b].tolist():
+                g[r] += g_out[b]
+        touched = g.abs().sum(1) > 0
+        state[touched] += (g[touched] ** 2).mean(1)
+        w[touched] -= 0.3 * g[touched] / (state[touched].sqrt() + 1e-3).unsqueeze(1)
+        torch.testing.assert_close(bag.weight.detach(), w, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(opt.state[bag.weight]["sum"], state, rtol=1e-12, atol=0)
+
+
+def _reference_mask(n: int, targets: int):
+    m = n - targets
+    return [[i == j or min(i, m) > min(j, m) for j in range(n)] for i in range(n)]
+
+
+def test_hstu_valid_mask():
+    seq_offsets = torch.tensor([0, 5, 6, 6, 10])
+    num_targets = torch.tensor([2, 1, 0, 0])
+    mask = models.hstu_valid_mask(seq_offsets, num_targets, 7)
+    # 3 history tokens, then 2 targets that see the history and themselves only
+    expected0 = torch.tensor([[1, 0, 0, 0, 0], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 1, 0, 1]],
+                             dtype=torch.bool)
+    assert torch.equal(mask[0, :5, :5], expected0)
+    for b, (n, t) in enumerate([(5, 2), (1, 1), (0, 0), (4, 0)]):
+        want = torch.zeros(7, 7, dtype=torch.bool)
+        if n:
+            want[:n, :n] = torch.tensor(_reference_mask(n, t))
+        assert torch.equal(mask[b], want), b
+
+
+def _reference_attention(q, k, v, seq_offsets, num_targets, max_seq_len, alpha):
+    """Per sequence and head in fp64: (SiLU(alpha q k^T) / N masked) v."""
+    out = torch.zeros(v.shape, dtype=torch.float64)
+    for b in range(seq_offsets.numel() - 1):
+        s, e = int(seq_offsets[b]), int(seq_offsets[b + 1])
+        if e == s:
+            continue
+        mask = torch.tensor(_reference_mask(e - s, int(num_targets[b])), dtype=torch.float64)
+        for h in range(q.shape[1]):
+            qq, kk, vv = (x[s:e, h].double() for x in (q, k, v))
+            p = F.silu(alpha * qq @ kk.T) / max_seq_len * mask
+            out[s:e, h] = p @ vv
+    return out
+
+
+def test_padded_hstu_attention_matches_reference():
+    torch.manual_seed(0)
+    seq_offsets = torch.tensor([0, 7, 8, 8, 14, 26])
+    num_targets = torch.tensor([2, 1, 0, 3, 4])
+    L, H, d, N = 26, 2, 8, 16
+    q, k, v = (torch.randn(L, H, d, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    B = seq_offsets.numel() - 1
+    lengths = seq_offsets[1:] - seq_offsets[:-1]
+    token_user = torch.arange(B).repeat_interleave(lengths)
+    batch = data_mod.HstuBatch(None, None, seq_offsets, num_targets, None, torch.arange(L) - seq_offsets[token_user],
+                               token_user, None, None, None, N)
+    got = models.padded_hstu_attention(q, k, v, batch, 0.3)
+    want = _reference_attention(q.detach(), k.detach(), v.detach(), seq_offsets, num_targets, N, 0.3)
+    torch.testing.assert_close(got.detach(), want, rtol=1e-12, atol=1e-12)
+    small = data_mod.HstuBatch(None, None, torch.tensor([0, 4, 7]), torch.tensor([1, 2]), None,
+                               torch.tensor([0, 1, 2, 3, 0, 1, 2]), torch.tensor([0, 0, 0, 0, 1, 1, 1]), None, None,
+                               None, 5)
+    inputs = tuple(torch.randn(7, 1, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    torch.autograd.gradcheck(lambda a, b_, c: models.padded_hstu_attention(a, b_, c, small, 0.3), inputs)
+
+
+# ----------------------------------------------------------------------------------------------- hipdlrm vs torch
+
+def _assert_same_training(args, steps: int, params_rtol: float) -> None:
+    ours, m_ours = _run_steps(args, "hipdlrm", steps)
+    base, m_base = _run_steps(args, "torch", steps)
+    for s, (a, b) in enumerate(zip(ours, base)):
+        assert abs(a - b) <= 1e-5, f"step {s}: hipdlrm loss {a} vs torch {b}"
+    assert ours[-1] != ours[0]
+    for t_ours, t_base in zip(m_ours.embeddings.tables(), m_base.embeddings.tables()):
+        torch.testing.assert_close(t_ours, t_base, rtol=params_rtol, atol=1e-6)
+    for p_ours, p_base in zip(m_ours.dense_parameters(), m_base.dense_parameters()):
+        torch.testing.assert_close(p_ours.detach(), p_base.detach(), rtol=params_rtol, atol=1e-5)
+
+
+def test_dlrm_hipdlrm_and_torch_agree_step_by_step():
+    """Identical initial weights and data; fp32 on the CPU: the same losses and weights after 6 steps up to
+    summation order (fused TBE row-wise Adagrad vs nn.EmbeddingBag + RowwiseAdagrad)."""
+    args = T.parse_args(DLRM_FLAGS)
+    m_ours, m_base = T.make_model(args, "hipdlrm", CPU), T.make_model(args, "torch", CPU)
+    for t_ours, t_base in zip(m_ours.embeddings.tables(), m_base.embeddings.tables()):
+        assert torch.equal(t_ours, t_base)
+    _assert_same_training(args, 6, params_rtol=1e-4)
+
+
+@requires_hstu
+def test_hstu_hipdlrm_and_torch_agree_step_by_step():
+    """TBE (pooling NONE) + group_index_select + hstu_mha vs nn.Embedding + index_select + padded attention."""
+    _assert_same_training(T.parse_args(HSTU_FLAGS), 5, params_rtol=1e-4)
+
+
+def test_agreement_check_accepts_same_and_rejects_wrong_update():
+    """The curve comparison accepts the two implementations and rejects a model whose tables learn at twice
+    the rate (the kind of bug it must catch), all over the same 40 steps."""
+    args = T.parse_args(DLRM_FLAGS + ["--steps", "40"])
+    ours, _ = _run_steps(args, "hipdlrm", 40)
+    base, _ = _run_steps(args, "torch", 40)
+    wrong_args = copy.copy(args)
+    wrong_args.lr = 2 * args.lr
+    wrong, _ = _run_steps(wrong_args, "hipdlrm", 40)
+    run = {"examples_per_s": 1.0}
+    assert T.compare(args, {**run, "loss": ours}, {**run, "loss": base})["agree"]
+    cmp = T.compare(args, {**run, "loss": ours}, {**run, "loss": wrong})
+    assert not cmp["agree"] and cmp["max_smoothed_loss_diff"] > 2 * cmp["tolerance"]
+
+
+# ----------------------------------------------------------------------------------------------- the command
+
+def _summary(out) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def _check_png(path) -> None:
+    blob = path.read_bytes()
+    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
+    length, kind = struct.unpack(">I4s", blob[8:16])
+    assert kind == b"IHDR" and length == 13
+    width, height = struct.unpack(">II", blob[16:24])
+    assert zlib.crc32(blob[12:29]) == struct.unpack(">I", blob[29:33])[0]
+    idat = blob.index(b"IDAT")
+    raw = zlib.decompress(blob[idat + 4:idat + 4 + struct.unpack(">I", blob[idat - 4:idat])[0]])
+    assert len(raw) == height * (1 + 3 * width)
+
+
+def test_short_dlrm_run_learns_and_writes_outputs(tmp_path, capsys):
+    assert T.main(DLRM_FLAGS + ["--steps", "40", "--batch-size", "128", "--out", str(tmp_path)]) == 0
+    s = _summary(tmp_path)
+    run = s["runs"]["hipdlrm"]
+    assert len(run["loss"]) == 40 and run["steps_timed"] == 35
+    assert run["loss_last10"] < run["loss_first10"] - 0.03, (run["loss_first10"], run["loss_last10"])
+    assert run["examples_per_s"] > 0 and s["config"]["rows_scale"] == 0.0001
+    _check_png(tmp_path / "training.png")
+    err = capsys.readouterr().err
+    assert "dlrm hipdlrm [" in err and "ex/s" in err and "40/40" in err
+
+
+@requires_hstu
+def test_short_hstu_run_learns(tmp_path):
+    assert T.main(HSTU_FLAGS + ["--steps", "60", "--out", str(tmp_path)]) == 0
+    run = _summary(tmp_path)["runs"]["hipdlrm"]
+    assert run["loss_last10"] < run["loss_first10"] - 0.02, (run["loss_first10"], run["loss_last10"])
+    assert run["tokens_per_s"] > 0
+
+
+def test_baseline_run_reports_agreement_and_ratio(tmp_path, capsys):
+    assert T.main(DLRM_FLAGS + ["--steps", "12", "--baseline", "torch", "--out", str(tmp_path)]) == 0
+    cmp = _summary(tmp_path)["comparison"]
+    assert cmp["agree"] and cmp["max_step_loss_diff"] < 1e-5 and cmp["throughput_ratio"] > 0
+    assert cmp["tolerance"] == T.TOL_FP32
+    out = capsys.readouterr().out
+    assert "loss curves AGREE" in out and "throughput hipdlrm / torch" in out
+
+
+def test_amp_run_agrees_within_the_reduced_precision_tolerance(tmp_path):
+    assert T.main(DLRM_FLAGS + ["--steps", "12", "--amp", "--baseline", "torch", "--out", str(tmp_path)]) == 0
+    cmp = _summary(tmp_path)["comparison"]
+    assert cmp["agree"] and cmp["tolerance"] == T.TOL_REDUCED and "bf16 autocast" in cmp["tolerance_reason"]
+
+
+@pytest.mark.parametrize("flags", [DLRM_FLAGS + ["--baseline", "torch"],
+                                   pytest.param(HSTU_FLAGS, marks=requires_hstu)], ids=["dlrm", "hstu"])
+def test_save_resume_continues_identically(tmp_path, flags):
+    straight, first, resumed = tmp_path / "straight", tmp_path / "first", tmp_path / "resumed"
+    common = flags + ["--warmup-steps", "1"]
+    assert T.main(common + ["--steps", "8", "--out", str(straight), "--save", str(straight / "ck.pt")]) == 0
+    assert T.main(common + ["--steps", "5", "--out", str(first), "--save", str(first / "ck.pt")]) == 0
+    assert T.main(common + ["--steps", "8", "--out", str(resumed), "--resume", str(first / "ck.pt"),
+                            "--save", str(resumed / "ck.pt")]) == 0
+    a, b = _summary(straight)["runs"], _summary(resumed)["runs"]
+    for backend in a:
+        assert a[backend]["loss"] == b[backend]["loss"], backend
+        assert b[backend]["start_step"] == 5 and b[backend]["steps_run"] == 3
+    ck_a = torch.load(straight / "ck.pt", weights_only=True)
+    ck_b = torch.load(resumed / "ck.pt", weights_only=True)
+    for backend, state in ck_a["backends"].items():
+        for key, tensor in state["model"].items():
+            assert torch.equal(tensor, ck_b["backends"][backend]["model"][key]), (backend, key)
+
+
+def _error_of(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        T.main(argv)
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--steps", "0"], "--steps: expected a positive integer, got '0'"),
+    (["--batch-size", "-3"], "--batch-size: expected a positive integer"),
+    (["--lr", "abc"], "--lr: expected a positive number, got 'abc'"),
+    (["--dense-lr", "inf"], "--dense-lr: expected a positive finite number"),
+    (["--model", "bert"], "--model: invalid choice: 'bert'"),
+    (["--baseline", "fbgemm"], "--baseline: invalid choice"),
+    (["--bag-sizes", "1,2,3"], "--bag-sizes: expected 'mlperf', one size, or 26 sizes, got 3 sizes"),
+    (["--bottom-mlp", "64,x"], "--bottom-mlp: expected comma-separated positive integers"),
+    (["--num-heads", "4"], "--num-heads applies to --model hstu only"),
+    (["--model", "hstu", "--rows-scale", "0.1"], "--rows-scale applies to --model dlrm only"),
+    (["--model", "hstu", "--head-dim", "48"], "--head-dim: invalid choice: 48"),
+    (["--model", "hstu", "--num-targets", "64", "--max-seq-len", "64"], "--num-targets (64) must be smaller than"),
+    (["--model", "hstu", "--min-history-frac", "1.5"], "--min-history-frac: expected a number in [0, 1]"),
+    (["--device", "tpu"], "--device"),
+    (["--steps", "5", "--warmup-steps", "5"], "--warmup-steps 5 leaves no timed step"),
+    (["--resume", "/nonexistent/ck.pt"], "--resume /nonexistent/ck.pt: no such file"),
+])
+def test_bad_flags_get_clear_messages(argv, needle, capsys):
+    assert needle in _error_of(argv, capsys)
+
+
+@pytest.mark.skipif(HAS_GPU, reason="checks the message given where there is no GPU")
+def test_cuda_without_gpu_is_a_clear_error(capsys):
+    assert "--device cuda: torch.cuda.is_available() is False" in _error_of(["--device", "cuda"], capsys)
+
+
+def test_bad_resume_gets_clear_messages(tmp_path, capsys):
+    ck = tmp_path / "ck.pt"
+    assert T.main(DLRM_FLAGS + ["--steps", "6", "--out", str(tmp_path), "--save", str(ck)]) == 0
+    capsys.readouterr()
+    err = _error_of(DLRM_FLAGS + ["--steps", "12", "--seed", "1", "--resume", str(ck)], capsys)
+    assert "the checkpoint was trained with other settings: --seed 0 (this run: 1)" in err
+    err = _error_of(DLRM_FLAGS + ["--steps", "6", "--resume", str(ck)], capsys)
+    assert "--steps 6: the checkpoint is already at step 6" in err
+    err = _error_of(DLRM_FLAGS + ["--steps", "12", "--baseline", "torch", "--resume", str(ck)], capsys)
+    assert "the checkpoint has no state for torch" in err
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint")
+    assert "cannot read it as a checkpoint" in _error_of(DLRM_FLAGS + ["--resume", str(junk)], capsys)
+
+
+# ----------------------------------------------------------------------------------------------- output helpers
+
+def test_progress_bar_without_a_terminal_prints_about_ten_lines(capsys):
+    import io
+    stream = io.StringIO()
+    bar = progress.ProgressBar(100, "x", stream=stream)
+    for i in range(1, 101):
+        bar.update(i, loss=0.5, **{"ex/s": 12345.0})
+    lines = stream.getvalue().splitlines()
+    assert 10 <= len(lines) <= 11 and lines[-1].startswith("x [" + "#" * 28 + "] 100/100")
+    assert "ex/s 12,345" in lines[-1] and "loss 0.5" in lines[-1] and "took" in lines[-1]
+
+
+def test_png_plot(tmp_path):
+    panel = plot.Panel("loss", "step", "loss")
+    panel.add("a", [0, 1, 2, 3], [0.7, 0.6, float("nan"), 0.5])
+    panel.add("b", [0], [0.65])
+    path = plot.write_png(tmp_path / "p.png", [panel, plot.Panel("empty", "step", "y")], width=300, panel_height=200)
+    _check_png(path)
+    assert plot.nice_ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert plot.format_number(12345.0) == "12.3k" and plot.format_number(2.5e6) == "2.5m"
+    with pytest.raises(ValueError, match="2 x values but 1 y values"):
+        panel.add("c", [0, 1], [1.0])
