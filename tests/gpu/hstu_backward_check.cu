@@ -5,12 +5,12 @@
 // dV and dRab computed on the host from the same 16-bit inputs. Also checks that every element of grad_q,
 // grad_k and grad_v is written (they start as NaN), that nothing past the end of any output is written,
 // that dRab stays exactly zero outside the valid region, and that dK and dV are bit-identical run to run.
-// Prints the errors per case and PASS/FAIL; exits with 1 if any case fails.
+// Prints the errors per case and PASS/FAIL; exits with 1 if any case fails. With --bench it then times the
+// backward at generative-recommenders' workload (kernel development; benchmarks/attention.py is the record).
 //
 // Build and run from the repository root on the GPU machine:
-//   nvcc -std=c++17 -O2 -arch=sm_90 --expt-relaxed-constexpr -Icsrc/include -Icsrc \
-//     tests/gpu/hstu_backward_check.cu csrc/kernels/attention/hstu_backward.cu -o /tmp/hstu_backward_check \
-//     && /tmp/hstu_backward_check
+//   nvcc -std=c++17 -O2 -arch=sm_90 -Icsrc/include -Icsrc/kernels tests/gpu/hstu_backward_check.cu \
+//        csrc/kernels/attention/hstu_backward.cu -o /tmp/hstu_backward_check && /tmp/hstu_backward_check --bench
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention/hstu.h"
+#include "attention/hstu.h"
 
 namespace {
 
@@ -83,6 +83,7 @@ struct Case {
   bool rab_grad;
   bool per_token_scale;
   float alpha_mult;  // alpha = alpha_mult / sqrt(dqk)
+  bool long_seqs;    // lengths 2048, 1500, 777 (max_seq_len 2048, one head) instead of the short set
 };
 
 struct Host {
@@ -266,10 +267,11 @@ Err compare(const std::vector<double>& ref, Get got) {
 bool run_case(const Case& cs, attn::ElemType t, std::mt19937& rng) {
   const char* tname = t == attn::ElemType::kBFloat16 ? "bf16" : "fp16";
   Host hp;
-  const std::vector<int> lengths = {17, 0, 300, 1, 100, 320, 64};
+  const std::vector<int> lengths =
+      cs.long_seqs ? std::vector<int>{2048, 1500, 777} : std::vector<int>{17, 0, 300, 1, 100, 320, 64};
   hp.B = static_cast<int>(lengths.size());
-  hp.H = 2;
-  hp.N = 320;
+  hp.H = cs.long_seqs ? 1 : 2;
+  hp.N = cs.long_seqs ? 2048 : 320;
   hp.offsets.assign(1, 0);
   for (int n : lengths) hp.offsets.push_back(hp.offsets.back() + n);
   hp.L = hp.offsets.back();
@@ -385,28 +387,108 @@ bool run_case(const Case& cs, attn::ElemType t, std::mt19937& rng) {
   return ok;
 }
 
+// Backward timing at generative-recommenders' workload: B=512, H=4, bf16, causal, lengths uniform in
+// [0.9N, N), alpha = 1/d; FLOPs as they count them: 3 f1 + 2 f2 with f1 = 2 H dqk sum(n^2)/2 and
+// f2 = 2 H dv sum(n^2)/2. Each call includes zeroing grad_q_accum, as the binding does.
+void bench(std::mt19937& rng) {
+  for (int d : {128, 64}) {
+    for (int N : {1024, 2048, 4096}) {
+      const int B = 512, H = 4;
+      std::uniform_int_distribution<int> ud(static_cast<int>(0.9 * N), N - 1);
+      std::vector<std::int64_t> off(B + 1, 0);
+      double sum_n2 = 0.0;
+      for (int b = 0; b < B; ++b) {
+        const int n = ud(rng);
+        off[b + 1] = off[b] + n;
+        sum_n2 += static_cast<double>(n) * n;
+      }
+      const std::int64_t L = off[B];
+      const std::size_t elems = static_cast<std::size_t>(L) * H * d;
+      std::vector<std::uint16_t> ones(elems, to_bits(attn::ElemType::kBFloat16, 0.5f));
+      std::uint16_t* q = to_device(ones);
+      std::uint16_t* k = to_device(ones);
+      std::uint16_t* v = to_device(ones);
+      std::uint16_t* g = to_device(ones);
+      std::uint16_t *dq = nullptr, *dk = nullptr, *dv = nullptr;
+      float* acc = nullptr;
+      CHECK_CUDA(cudaMalloc(&dq, elems * 2));
+      CHECK_CUDA(cudaMalloc(&dk, elems * 2));
+      CHECK_CUDA(cudaMalloc(&dv, elems * 2));
+      CHECK_CUDA(cudaMalloc(&acc, elems * 4));
+      std::int64_t* offs = to_device(off);
+      attn::HstuBackwardArgs a;
+      a.p.batch = B;
+      a.p.heads = H;
+      a.p.dqk = d;
+      a.p.dv = d;
+      a.p.max_seq_len = N;
+      a.p.total_tokens = L;
+      a.p.seq_offsets = offs;
+      a.p.alpha = 1.0f / d;
+      a.p.scale_value = 1.0f / N;
+      a.p.dtype = attn::ElemType::kBFloat16;
+      a.q = q;
+      a.k = k;
+      a.v = v;
+      a.grad_out = g;
+      a.grad_q = dq;
+      a.grad_k = dk;
+      a.grad_v = dv;
+      a.grad_q_accum = acc;
+      auto call = [&]() {
+        CHECK_CUDA(cudaMemsetAsync(acc, 0, elems * 4, nullptr));
+        CHECK_CUDA(attn::hstu_backward(a, nullptr));
+      };
+      for (int it = 0; it < 3; ++it) call();
+      cudaEvent_t e0, e1;
+      CHECK_CUDA(cudaEventCreate(&e0));
+      CHECK_CUDA(cudaEventCreate(&e1));
+      const int iters = 10;
+      CHECK_CUDA(cudaEventRecord(e0));
+      for (int it = 0; it < iters; ++it) call();
+      CHECK_CUDA(cudaEventRecord(e1));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      float ms = 0.0f;
+      CHECK_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+      ms /= iters;
+      const double flops = 2.0 * H * sum_n2 / 2.0 * (3.0 * d + 2.0 * d);
+      std::printf("bench bwd bf16 causal B=%d H=%d d=%d N=%d: %.3f ms  %.1f TFLOP/s\n", B, H, d, N, ms,
+                  flops / (ms * 1e-3) / 1e12);
+      CHECK_CUDA(cudaEventDestroy(e0));
+      CHECK_CUDA(cudaEventDestroy(e1));
+      for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(g),
+                        static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
+                        static_cast<void*>(acc), static_cast<void*>(offs)}) {
+        CHECK_CUDA(cudaFree(ptr));
+      }
+    }
+  }
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   int device = 0;
   CHECK_CUDA(cudaGetDevice(&device));
   cudaDeviceProp prop;
   CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   std::printf("HSTU backward check on %s (errors: max |gpu - ref| / max |ref|)\n", prop.name);
 
-  // name, dqk, dv, causal, targets, max_attn_len, contextual, rab, rab_grad, per_token_scale, alpha_mult
+  // name, dqk, dv, causal, targets, max_attn_len, contextual, rab, rab_grad, per_token_scale, alpha_mult,
+  // long_seqs
   const std::vector<Case> cases = {
-      {"d64 causal", 64, 64, true, false, 0, 0, Rab::kNone, false, false, 1.0f},
-      {"d64 causal targets rab", 64, 64, true, true, 0, 0, Rab::kFull, true, false, 1.0f},
-      {"d64 noncausal max_attn ctx targets", 64, 64, false, true, 33, 3, Rab::kFull, true, false, 1.0f},
-      {"d128/64 causal mal ctx tgt rab11 tok", 128, 64, true, true, 40, 5, Rab::kAllShared, true, true, 1.0f},
-      {"d128/64 noncausal rab[B,1]", 128, 64, false, false, 0, 0, Rab::kHeadShared, true, false, 1.0f},
-      {"d128/64 causal rab no grad", 128, 64, true, false, 0, 0, Rab::kFull, false, false, 3.0f},
-      {"d128 causal ctx", 128, 128, true, false, 0, 4, Rab::kNone, false, true, 1.0f},
-      {"d32 causal mal targets", 32, 32, true, true, 70, 0, Rab::kBatchShared, true, false, 1.0f},
-      {"d256 causal targets rab[1,H]", 256, 256, true, true, 0, 0, Rab::kBatchShared, true, false, 1.0f},
-      {"d64/256 noncausal rab", 64, 256, false, false, 0, 0, Rab::kFull, true, false, 1.0f},
-      {"d256/64 causal ctx mal", 256, 64, true, false, 100, 2, Rab::kNone, false, false, 1.0f},
+      {"d64 causal", 64, 64, true, false, 0, 0, Rab::kNone, false, false, 1.0f, false},
+      {"d64 causal targets rab", 64, 64, true, true, 0, 0, Rab::kFull, true, false, 1.0f, false},
+      {"d64 noncausal max_attn ctx targets", 64, 64, false, true, 33, 3, Rab::kFull, true, false, 1.0f, false},
+      {"d128/64 causal mal ctx tgt rab11 tok", 128, 64, true, true, 40, 5, Rab::kAllShared, true, true, 1.0f, false},
+      {"d128/64 noncausal rab[B,1]", 128, 64, false, false, 0, 0, Rab::kHeadShared, true, false, 1.0f, false},
+      {"d128/64 causal rab no grad", 128, 64, true, false, 0, 0, Rab::kFull, false, false, 3.0f, false},
+      {"d128 causal ctx", 128, 128, true, false, 0, 4, Rab::kNone, false, true, 1.0f, false},
+      {"d32 causal mal targets", 32, 32, true, true, 70, 0, Rab::kBatchShared, true, false, 1.0f, false},
+      {"d256 causal targets rab[1,H]", 256, 256, true, true, 0, 0, Rab::kBatchShared, true, false, 1.0f, false},
+      {"d64/256 noncausal rab", 64, 256, false, false, 0, 0, Rab::kFull, true, false, 1.0f, false},
+      {"d256/64 causal ctx mal", 256, 64, true, false, 100, 2, Rab::kNone, false, false, 1.0f, false},
+      {"d128 causal long", 128, 128, true, false, 0, 0, Rab::kNone, false, false, 1.0f, true},
   };
   std::mt19937 rng(1234);
   int failed = 0, total = 0;
@@ -417,5 +499,6 @@ int main() {
     }
   }
   std::printf("%s: %d of %d cases passed\n", failed == 0 ? "PASS" : "FAIL", total - failed, total);
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) bench(rng);
   return failed == 0 ? 0 : 1;
 }

@@ -65,9 +65,8 @@ struct FwdConfig {
 
 // Backward (key-block major): kWaves waves per block, each owning 16 keys (kBlockN keys per block, k and v
 // staged once); kBlockM queries per step (q and dO streamed through kStages buffers); a [kBlockN][kBlockM]
-// 16-bit dS tile through which the block computes dQ, with one liveness flag per 16x16 sub-tile. kSplit > 1
-// splits the head dim of dK, dV and dQ across that many blocks of the same keys (each recomputes S and dP),
-// bounding the register accumulators.
+// 16-bit dS tile through which the block computes dQ. kSplit > 1 splits the head dim of dK, dV and dQ
+// across that many blocks of the same keys (each recomputes S and dP), bounding the register accumulators.
 // NVIDIA: dK + dV take 2 * 16 * kD / 32 fp32 registers per lane; at kD = 256 that is 256, so the head dim
 // is split in two; k and v stay in shared memory (227 KB) and are re-read, sparing registers.
 // AMD CDNA: a wave64 lane holds half as much (128 accumulators at kD = 256, in AGPRs), so no split. The
@@ -91,13 +90,13 @@ struct BwdConfig {
   static constexpr bool kKInRegisters = false;
   static constexpr int kSplit = kD >= 256 ? 2 : 1;
 #endif
+  static constexpr int kMinBlocks = 1;  // occupancy knob (blocks per multiprocessor), as in FwdConfig
   static constexpr int kLd = kD + 8;        // padded k / v / q / dO rows, as in the forward
   static constexpr int kLdS = kBlockM + 8;  // padded dS rows (16-byte aligned)
   template <typename T>
   static constexpr int smem_bytes() {
     return ((kVInRegisters ? 1 : 2) * kBlockN * kLd + kStages * 2 * kBlockM * kLd + kBlockN * kLdS) *
-               static_cast<int>(sizeof(T)) +
-           (kBlockN / 16) * (kBlockM / 16) * static_cast<int>(sizeof(int));
+           static_cast<int>(sizeof(T));
   }
 };
 

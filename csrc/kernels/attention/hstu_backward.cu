@@ -32,7 +32,7 @@ namespace attention {
 namespace {
 
 template <typename T, int kD>
-__global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize)
+__global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdConfig<kD>::kMinBlocks)
     hstu_backward_kernel(HstuBackwardArgs args, int num_kblocks) {
   using Cfg = BwdConfig<kD>;
   using M = gpu::Mma16<T>;
@@ -52,7 +52,6 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize)
   T* const v_s = k_s + kBN * kLd;  // unused when v is held in registers
   T* const stage_s = kVReg ? v_s : v_s + kBN * kLd;
   T* const ds_s = stage_s + Cfg::kStages * 2 * kBM * kLd;
-  int* const live_s = reinterpret_cast<int*>(ds_s + kBN * kLdS);  // [key tile][query sub-tile]
 
   const HstuProblem& p = args.p;
   const std::int64_t total = static_cast<std::int64_t>(num_kblocks) * Cfg::kSplit * p.heads * p.batch;
@@ -182,19 +181,16 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize)
       M::zero(st);
       M::zero(dpt);
       if (live) {
+        // Straight-line matrix-core loops: head-dim columns past dqk / dv are zeros in shared memory.
 #pragma unroll
         for (int kt = 0; kt < kDT; ++kt) {
-          if (kt < ndt_qk) {
-            const typename M::Op kx = kKReg ? kop[kKReg ? kt : 0] : M::load_rows(k_s + 16 * wave * kLd + 16 * kt, kLd);
-            M::mma_nt_packable(st, kx, M::load_rows(q_s + 16 * mt * kLd + 16 * kt, kLd));
-          }
+          const typename M::Op kx = kKReg ? kop[kKReg ? kt : 0] : M::load_rows(k_s + 16 * wave * kLd + 16 * kt, kLd);
+          M::mma_nt_packable(st, kx, M::load_rows(q_s + 16 * mt * kLd + 16 * kt, kLd));
         }
 #pragma unroll
         for (int kt = 0; kt < kDT; ++kt) {
-          if (kt < ndt_v) {
-            const typename M::Op vx = kVReg ? vop[kVReg ? kt : 0] : M::load_rows(v_s + 16 * wave * kLd + 16 * kt, kLd);
-            M::mma_nt_packable(dpt, vx, M::load_rows(do_s + 16 * mt * kLd + 16 * kt, kLd));
-          }
+          const typename M::Op vx = kVReg ? vop[kVReg ? kt : 0] : M::load_rows(v_s + 16 * wave * kLd + 16 * kt, kLd);
+          M::mma_nt_packable(dpt, vx, M::load_rows(do_s + 16 * mt * kLd + 16 * kt, kLd));
         }
         if (full) {
           activation(st, dpt, qi0, std::false_type());
@@ -202,7 +198,6 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize)
           activation(st, dpt, qi0, std::true_type());
         }
       }
-      if (lane == 0) live_s[wave * kMT + mt] = live;
       const typename M::Op pp = M::pack(st), px = M::pack(dpt);
       // dX^T into the shared [key][query] tile (zeros for dead sub-tiles): register r of a packed operand
       // holds values 2r and 2r + 1, neighbours in one row.
@@ -213,13 +208,9 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize)
       }
       if (live) {
 #pragma unroll
-        for (int ct = 0; ct < kCT; ++ct) {
-          if (c0 + ct < ndt_v) M::mma(dv[ct], pp, M::load_cols(do_s + 16 * mt * kLd + 16 * (c0 + ct), kLd));
-        }
+        for (int ct = 0; ct < kCT; ++ct) M::mma(dv[ct], pp, M::load_cols(do_s + 16 * mt * kLd + 16 * (c0 + ct), kLd));
 #pragma unroll
-        for (int ct = 0; ct < kCT; ++ct) {
-          if (c0 + ct < ndt_qk) M::mma(dk[ct], px, M::load_cols(q_s + 16 * mt * kLd + 16 * (c0 + ct), kLd));
-        }
+        for (int ct = 0; ct < kCT; ++ct) M::mma(dk[ct], px, M::load_cols(q_s + 16 * mt * kLd + 16 * (c0 + ct), kLd));
       }
     }
 
@@ -231,26 +222,18 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize)
     {
       const int rt = wave % kMT, cg = wave / kMT;
       const int qi0 = i0 + 16 * rt;
-      bool klive[kKT], any = false;
-#pragma unroll
-      for (int kt = 0; kt < kKT; ++kt) {
-        klive[kt] = live_s[kt * kMT + rt] != 0;
-        any = any || klive[kt];
-      }
-      if (any) {
+      if (mask.tile_any(qi0, qi0 + 16, j0, j0 + kBN)) {
         typename M::Op a[kKT];
 #pragma unroll
         for (int kt = 0; kt < kKT; ++kt) a[kt] = M::load_cols(ds_s + 16 * kt * kLdS + 16 * rt, kLdS);
 #pragma unroll
         for (int cc = 0; cc < kCT / kWG; ++cc) {
-          const int ct = c0 + cg + kWG * cc;
-          if (ct < ndt_qk) {
-            typename M::Acc acc;
-            M::zero(acc);
+          const int ct = c0 + cg + kWG * cc;  // head-dim tile; dead sub-tiles of dS are zeros
+          typename M::Acc acc;
+          M::zero(acc);
 #pragma unroll
-            for (int kt = 0; kt < kKT; ++kt) {
-              if (klive[kt]) M::mma(acc, a[kt], M::load_cols(k_s + 16 * kt * kLd + 16 * ct, kLd));
-            }
+          for (int kt = 0; kt < kKT; ++kt) M::mma(acc, a[kt], M::load_cols(k_s + 16 * kt * kLd + 16 * ct, kLd));
+          if (ct < ndt_qk) {
 #pragma unroll
             for (int e = 0; e < M::kAcc; e += kPair) {
               const int i = qi0 + M::c_row(lane, e);
@@ -312,7 +295,17 @@ __global__ void __launch_bounds__(kConvertBlock)
 #pragma unroll
       for (int u = 0; u < 4; ++u) v[u] = accum[4 * q + u];
     }
-    gpu::store_from_float<T, 4>(out + 4 * q, v, vector);
+    T t[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) t[u] = gpu::from_float<T>(v[u]);
+    if (vector) {
+      uint2 w;
+      memcpy(&w, t, sizeof(w));
+      reinterpret_cast<uint2*>(out)[q] = w;
+    } else {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) out[4 * q + u] = t[u];
+    }
   }
 }
 
