@@ -13,6 +13,11 @@ Workloads
             repeats of either. The backward cache ablation (0 / 1 / 2 slots) runs at every level.
   group width (forward, default fp32 sorted): the automatic lane-group width against forced widths
             (8, 16, 32, and 64 on wave64 devices, where 32 vs 64 is the two-rows-per-wave64 question).
+  fixed cost (forward, fp32, random): a small group -- 256 indices of 64 columns per member -- of 32
+            members (the most whose descriptors travel by value in the launch) and of 33 (copied to the
+            device first), where the per-call cost dominates. Besides the GPU-event time, "wall us" is
+            the host time per call of 200 back-to-back calls with one synchronisation at the end: what a
+            training loop pays per call, the host's wait for the index check included.
   --small   8 members x 512 rows x 64 columns, 128 distinct indexed rows (the CPU default).
 
 Variants
@@ -42,6 +47,7 @@ from __future__ import annotations
 import argparse
 import random
 import sys
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -58,6 +64,10 @@ except ImportError as exc:
 
 DEFAULT = dict(members=32, rows=4096, cols=512, num_indices=4096, unique=1024)
 SMALL = dict(members=8, rows=512, cols=64, num_indices=512, unique=128)
+FIXED_COST = dict(rows=1024, cols=64, num_indices=256, unique=256)
+FIXED_COST_SMALL = dict(rows=64, cols=16, num_indices=32, unique=32)
+INLINE_MEMBERS = 32  # kInlineMembers in csrc/kernels/group_index_select/group_index_select_plan.h
+WALL_CALLS = 200
 NARROW_COLS = [16, 32, 64]
 LOCALITY = [0.0, 0.5, 0.9, 0.99]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
@@ -273,6 +283,35 @@ def measure(fns, wl: Workload, direction: str, section: str, device, iters: int,
     return rows
 
 
+def wall_us_per_call(fn: Callable[[], object], device: torch.device, calls: int = WALL_CALLS) -> float:
+    """Host time per call of `calls` back-to-back calls, synchronised once at the end (after a warm-up)."""
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    for _ in range(WARMUP):
+        fn()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    sync()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def measure_fixed_cost(members: int, small: bool, device, iters: int, copy_gbs: float, seed: int,
+                       progress: Progress) -> List[dict]:
+    """The forward of a small group of `members` members: GPU-event time and host time per call."""
+    cfg = dict(FIXED_COST_SMALL if small else FIXED_COST, members=members)
+    wl = make_workload("fixed_cost", f"{members} members", torch.float32, cfg, cfg["cols"], device, seed)
+    fns = forward_variants(wl, False, 0)
+    verify_forward(fns, wl, f"fixed cost, {members} members")
+    rows = measure(fns, wl, "forward", "fixed_cost", device, iters, copy_gbs, progress)
+    for r in rows:
+        r["wall_us"] = wall_us_per_call(fns[r["variant"]], device)
+    return rows
+
+
 def evaluate_targets(rows: List[dict]) -> List[dict]:
     def pick(direction, variant):
         for r in rows:
@@ -315,13 +354,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true",
                    help="8 members x 512 rows x 64 columns (the default on the CPU)")
     p.add_argument("--iters", type=int, default=None, help="timed iterations (default 20 on cuda, 5 on cpu)")
-    p.add_argument("--sections", default="default,narrow,locality,group_width",
-                   help="comma-separated subset of default,narrow,locality,group_width")
+    p.add_argument("--sections", default="default,narrow,locality,group_width,fixed_cost",
+                   help="comma-separated subset of default,narrow,locality,group_width,fixed_cost")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="results JSON path (default benchmarks/results/...)")
     args = p.parse_args(argv)
     args.sections = [s for s in args.sections.split(",") if s]
-    unknown = set(args.sections) - {"default", "narrow", "locality", "group_width"}
+    unknown = set(args.sections) - {"default", "narrow", "locality", "group_width", "fixed_cost"}
     if unknown:
         p.error(f"unknown section(s): {', '.join(sorted(unknown))}")
     if args.iters is not None and args.iters < 1:
@@ -369,6 +408,8 @@ def main(argv=None) -> int:
     # forward: loop, concat (+ hipdlrm); backward: loop, concat (+ one per cache size, + deterministic)
     steps = sum(4 + ((1 + len(slots) + int(det)) if have_op else 0) for _, _, slots, det in stages)
     steps += (1 + len(gw_widths)) if with_gw else 0
+    fixed_members = [INLINE_MEMBERS, INLINE_MEMBERS + 1] if "fixed_cost" in args.sections else []
+    steps += len(fixed_members) * (2 + int(have_op))
     progress = Progress(steps)
 
     rows: List[dict] = []
@@ -389,19 +430,29 @@ def main(argv=None) -> int:
         verify_forward(fns, wl, "group width")
         rows += measure(fns, wl, "forward", "group_width", device, iters, copy_gbs, progress)
         del fns, wl
+    fixed_rows: List[dict] = []
+    for members in fixed_members:
+        fixed_rows += measure_fixed_cost(members, small, device, iters, copy_gbs, seed, progress)
+    rows += fixed_rows
 
     columns = [("section", "section"), ("direction", "dir"), ("dtype", "dtype"), ("cols", "cols"),
                ("order", "order"), ("variant", "variant"), ("ms", "ms", ".4f"), ("gbs", "GB/s", ".1f"),
                ("pct_copy", "% copy", ".1f"), ("speedup_vs_loop", "x loop", ".2f")]
     print()
-    print_table(rows, columns)
+    print_table([r for r in rows if r["section"] != "fixed_cost"], columns)
+    if fixed_rows:
+        print(f"\nfixed cost per forward call ({'small shape' if small else '256 indices x 64 cols per member'}, "
+              f"fp32; wall = host time per call of {WALL_CALLS} back-to-back calls):")
+        print_table(fixed_rows, [("order", "group"), ("variant", "variant"), ("ms", "GPU ms", ".4f"),
+                                 ("wall_us", "wall us", ".1f"), ("speedup_vs_loop", "x loop", ".2f")])
 
     targets = evaluate_targets(rows)
     print_targets(f"{HIP}{', small sizes: not the issue targets' if small else ''}", targets)
 
     extra = {
         "config": {**vars(args), "shape": cfg, "iters": iters, "warmup": WARMUP, "wave_size": wave,
-                   "locality_levels": LOCALITY, "narrow_cols": NARROW_COLS},
+                   "locality_levels": LOCALITY, "narrow_cols": NARROW_COLS,
+                   "fixed_cost_shape": FIXED_COST_SMALL if small else FIXED_COST, "wall_calls": WALL_CALLS},
         "copy_bandwidth_gbs": copy_gbs,
         "targets": targets,
         "hipdlrm_error": HIPDLRM_ERROR,

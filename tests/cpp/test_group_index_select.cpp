@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -133,20 +134,41 @@ TEST(GroupIndexSelectPlan, FillTasksCoverEveryGradInputByte) {
 TEST(GroupIndexSelectPlan, DescriptorsAndErrorLookup) {
   const std::vector<kgis::MemberArgs> args = {member(4, 9, 8), member(0, 9, 8), member(0, 9, 8), member(6, 9, 8)};
   const kgis::Plan plan = kgis::make_plan(args, kgis::DType::kFloat32, kgis::Pass::kForward, 32, 0);
+  // The device table is the Members, in order.
+  ASSERT_EQ(kgis::descriptor_bytes(plan), 4 * sizeof(kgis::Member));
   std::vector<unsigned char> bytes(kgis::descriptor_bytes(plan));
   kgis::write_descriptors(plan, bytes.data());
-  kgis::Header h;
-  std::memcpy(&h, bytes.data(), sizeof(h));
-  EXPECT_EQ(h.first_bad, kgis::kNoBadIndex);
   kgis::Member m3;
-  std::memcpy(&m3, bytes.data() + sizeof(kgis::Header) + 3 * sizeof(kgis::Member), sizeof(m3));
+  std::memcpy(&m3, bytes.data() + 3 * sizeof(kgis::Member), sizeof(m3));
   EXPECT_EQ(m3.pos_begin, 4);
-  EXPECT_EQ(sizeof(kgis::Header) % 16, 0u);
+  EXPECT_EQ(m3.num_indices, 6);
   // Positions 0..3 belong to member 0; 4..9 to member 3 (1 and 2 are empty).
   EXPECT_EQ(kgis::member_of_position(plan, 0), 0u);
   EXPECT_EQ(kgis::member_of_position(plan, 3), 0u);
   EXPECT_EQ(kgis::member_of_position(plan, 4), 3u);
   EXPECT_EQ(kgis::member_of_position(plan, 9), 3u);
+  // The validation's "not answered yet" value is neither a position nor "no bad index".
+  EXPECT_NE(kgis::kResultPending, kgis::kNoBadIndex);
+  EXPECT_GT(kgis::kResultPending, static_cast<std::uint64_t>(plan.total_positions));
+}
+
+TEST(GroupIndexSelectPlan, InlineDescriptorsFitTheKernelArgumentBudget) {
+  // The gather kernel's arguments: the inline table, the member count, two totals, the Validation.
+  const std::size_t gather_args = sizeof(kgis::InlineMembers) + 8 + 8 + 8 + sizeof(kgis::Validation);
+  EXPECT_LE(gather_args, hipdlrm::gpu::kKernelArgBytes);
+  EXPECT_EQ(kgis::kInlineMembers, 32u);  // FBGEMM's default group travels inline
+
+  for (std::size_t n : {std::size_t{1}, kgis::kInlineMembers - 1, kgis::kInlineMembers, kgis::kInlineMembers + 1}) {
+    const std::vector<kgis::MemberArgs> args(n, member(5, 7, 16));
+    const kgis::Plan plan = kgis::make_plan(args, kgis::DType::kFloat32, kgis::Pass::kForward, 64, 0);
+    EXPECT_EQ(kgis::fits_inline(plan), n <= kgis::kInlineMembers) << n << " members";
+    if (!kgis::fits_inline(plan)) continue;
+    const kgis::InlineMembers im = kgis::inline_members(plan);
+    for (std::size_t k = 0; k < n; ++k) {
+      EXPECT_EQ(std::memcmp(&im.members[k], &plan.members[k], sizeof(kgis::Member)), 0) << "member " << k;
+    }
+    for (std::size_t k = n; k < kgis::kInlineMembers; ++k) EXPECT_EQ(im.members[k].task_count, 0) << "slot " << k;
+  }
 }
 
 namespace {

@@ -489,6 +489,125 @@ def test_out_of_range_index(device, bad, index_dtype):
     assert_equal_list(OP(inputs, ok), ref_forward(inputs, ok), "forward after an error")
 
 
+# ----------------------------------------------------------------------------------------------
+# Group sizes around the by-value descriptor capacity; the index check fused into the gather
+# ----------------------------------------------------------------------------------------------
+
+# kInlineMembers (csrc/kernels/group_index_select/group_index_select_plan.h): a forward over at most this
+# many members passes its descriptors by value in the launch; larger groups copy them to the device.
+INLINE_MEMBERS = 32
+GROUP_SIZES = [1, INLINE_MEMBERS - 1, INLINE_MEMBERS, INLINE_MEMBERS + 1, 3 * INLINE_MEMBERS + 5]
+
+
+def _sized_group(n: int, device, seed):
+    """n members of mixed widths and index dtypes, none empty (so the first and last can hold a bad index)."""
+    widths = [(3, 5, 8, 16, 33, 64, 1)[k % 7] for k in range(n)]
+    rows = [3 + (5 * k) % 17 for k in range(n)]
+    lengths = [5 + (7 * k) % 23 for k in range(n)]
+    inputs, indices = make_group(widths, torch.float32, torch.int64, "random", seed, rows=rows, lengths=lengths,
+                                 device=device)
+    return inputs, [i.int() if k % 3 == 1 else i for k, i in enumerate(indices)]
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("n", GROUP_SIZES)
+def test_group_sizes_around_inline_capacity(device, n):
+    inputs, indices = _sized_group(n, device, ("sizes", n))
+    out = OP(inputs, indices)
+    assert_equal_list(out, ref_forward(inputs, indices), f"forward, {n} members")
+    grads = make_grads(out, ("sizes", n))
+    back = BACKWARD(grads, indices, rows_of(inputs), 2, True, True)
+    assert_equal_list(back, ref_backward_sequential(grads, indices, rows_of(inputs)), f"backward, {n} members")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("n", GROUP_SIZES)
+@pytest.mark.parametrize("where", ["first", "last", "both"])
+def test_bad_index_in_first_or_last_member(device, n, where):
+    """The error names the first bad index of the group, whichever side of the inline capacity the group
+    is on: one past the end in member 0 (position 2), or -1 at the very last position of the group."""
+    inputs, indices = _sized_group(n, device, ("bad", n, where))
+    rows = rows_of(inputs)
+    if where in ("first", "both"):
+        indices[0][2] = rows[0]
+    if where in ("last", "both"):
+        indices[-1][-1] = -1
+    if where == "last":
+        k, pos, value = n - 1, indices[-1].numel() - 1, -1
+    else:
+        k, pos, value = 0, 2, rows[0]
+    pattern = (rf"indices_group\[{k}\]\[{pos}\] = {value} is out of range for input_group\[{k}\], "
+               rf"which has {rows[k]} rows")
+    with pytest.raises(RuntimeError, match=pattern):
+        OP(inputs, indices)
+    grads = [torch.ones((i.numel(),) + tuple(x.shape[1:]), device=device) for x, i in zip(inputs, indices)]
+    with pytest.raises(RuntimeError, match=pattern):
+        BACKWARD(grads, indices, rows, 2, False, True)
+    ok = [i.clamp(0, r - 1) for i, r in zip(indices, rows)]
+    assert_equal_list(OP(inputs, ok), ref_forward(inputs, ok), "forward after the error")
+
+
+@pytest.mark.parametrize("device", devices)
+def test_bad_index_into_zero_width_rows(device):
+    """No column to copy, yet the index is checked (the GPU launches the validation alone)."""
+    inputs = [torch.randn(5, 0, device=device), torch.randn(4, 2, 0, device=device)]
+    indices = [torch.tensor([4, 0], device=device), torch.tensor([3, 4, 1], device=device)]
+    with pytest.raises(RuntimeError, match=r"indices_group\[1\]\[1\] = 4 is out of range"):
+        OP(inputs, indices)
+
+
+@requires_gpu
+@pytest.mark.parametrize("width", [1, 0])
+def test_gpu_bad_index_at_the_end_of_a_long_group(width):
+    """More positions than the validating threads cover in one pass: the grid-stride loop reaches the
+    last one (with width 0 the launch validates only)."""
+    n = (1 << 21) + 3
+    idx = torch.randint(0, 7, (n,), device="cuda", dtype=torch.int32)
+    idx[-1] = 7
+    x = torch.randn(7, width, device="cuda")
+    with pytest.raises(RuntimeError, match=rf"indices_group\[1\]\[{n - 1}\] = 7 is out of range"):
+        OP([torch.randn(3, width, device="cuda"), x], [torch.tensor([0, 2], device="cuda"), idx])
+    idx[-1] = 6
+    idx[n // 2] = -5
+    idx[n // 2 + 1] = -6
+    with pytest.raises(RuntimeError, match=rf"indices_group\[0\]\[{n // 2}\] = -5 is out of range"):
+        OP([x], [idx])
+
+
+@requires_gpu
+def test_gpu_repeated_calls_reuse_the_check_cleanly():
+    """Bad and good calls back to back, both descriptor paths, on the current stream and on a side stream:
+    each call reports its own bad index and never a stale one (the device words reset after each use)."""
+    side = torch.cuda.Stream()
+    for it in range(12):
+        n = INLINE_MEMBERS if it % 2 else INLINE_MEMBERS + 1
+        stream = side if it % 3 == 0 else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            inputs, indices = _sized_group(n, "cuda", ("reuse", it))
+            k = (5 * it) % n
+            pos = it % indices[k].numel()
+            indices[k][pos] = 1000 + it
+            with pytest.raises(RuntimeError, match=rf"indices_group\[{k}\]\[{pos}\] = {1000 + it} is out"):
+                OP(inputs, indices)
+            indices[k][pos] = 0
+            outs = [OP(inputs, indices) for _ in range(3)]
+        stream.synchronize()
+        for out in outs:
+            assert_equal_list(out, ref_forward(inputs, indices), f"forward, call {it}")
+
+
+@requires_gpu
+def test_gpu_graph_capture_is_refused_with_a_clear_error():
+    """A captured launch cannot raise for a bad index before the call returns: the op says so."""
+    x = torch.randn(6, 4, device="cuda")
+    i = torch.tensor([5, 0, 1], device="cuda")
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="graph capture"):
+        with torch.cuda.graph(graph):
+            OP([x], [i])
+    assert_equal_list(OP([x], [i]), ref_forward([x], [i]), "forward after the refused capture")
+
+
 @requires_gpu
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_gpu_backward_without_check_never_touches_out_of_range_rows(deterministic):

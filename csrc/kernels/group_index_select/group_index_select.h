@@ -1,7 +1,9 @@
 // Torch-free launchers of the group_index_select kernels (design: group_index_select_forward.cu).
 //
-// `descriptors` is device memory holding write_descriptors(plan) (a Header, then one Member per group
-// member), 64-byte aligned. Every launcher enqueues on `stream` and returns the launch status.
+// `table` is device memory holding write_descriptors(plan) (the Members, 8-byte aligned). The forward
+// also takes table == nullptr for a group that fits_inline(plan): its descriptors then travel by value
+// in the launch. `validation` follows the Validation contract (group_index_select_plan.h). Every
+// launcher enqueues on `stream` and returns the launch status.
 #pragma once
 
 #include <cstddef>
@@ -19,26 +21,27 @@ struct LaunchConfig {
   int multiprocessors = 0;  // residency cap of the grid-stride kernels (0: none)
 };
 
-// Writes to *result the lowest global position whose index is not in [0, num_rows), or kNoBadIndex.
-// `result` must be device-visible (mapped pinned host memory: the host reads it once `stream` reaches
-// the end of the kernel). Does nothing when the group has no index (the host knows the answer).
-gpu::status_t launch_validate(void* descriptors, const Plan& plan, std::uint64_t* result, const LaunchConfig& cfg,
-                              gpu::stream_t stream);
-
 // Pass::kForward plan: out[k][i, :] = in[k][indices[k][i], :]; rows with an out-of-range index get zeros.
-gpu::status_t launch_forward(const void* descriptors, const Plan& plan, const LaunchConfig& cfg, gpu::stream_t stream);
+// With `validation`, the same launch first validates every index of the group and publishes the result
+// (also when no row has a column to copy).
+gpu::status_t launch_forward(const Plan& plan, const Member* table, const Validation& validation,
+                             const LaunchConfig& cfg, gpu::stream_t stream);
+
+// Only the validation, for the backward passes (any plan; `table` in device memory).
+gpu::status_t launch_validate(const Member* table, const Plan& plan, const Validation& validation,
+                              const LaunchConfig& cfg, gpu::stream_t stream);
 
 // Pass::kScatter plan: zero-fills every grad_input, then grad_input[k][indices[k][i]] += grad_output[k][i]
 // with atomics, each lane merging updates of the same row in a register cache of `cache_slots`
 // (0, 1 or 2) rows. Out-of-range indices are skipped.
-gpu::status_t launch_scatter(const void* descriptors, const Plan& plan, DType dtype, int cache_slots,
+gpu::status_t launch_scatter(const Member* table, const Plan& plan, DType dtype, int cache_slots,
                              const LaunchConfig& cfg, gpu::stream_t stream);
 
 // Pass::kDeterministic plan: the same sum without atomics and in position order (bit-identical run to
 // run): one stable radix sort of (member row, position) over the whole group, then one writer per
 // grad_input row. `workspace` holds deterministic_workspace_bytes(plan) bytes, 256-byte aligned.
 std::size_t deterministic_workspace_bytes(const Plan& plan);
-gpu::status_t launch_deterministic(const void* descriptors, const Plan& plan, DType dtype, void* workspace,
+gpu::status_t launch_deterministic(const Member* table, const Plan& plan, DType dtype, void* workspace,
                                    const LaunchConfig& cfg, gpu::stream_t stream);
 
 }  // namespace group_index_select

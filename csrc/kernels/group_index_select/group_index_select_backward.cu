@@ -217,9 +217,9 @@ void launch_scatter_typed(const Member* members, int n, std::int64_t tasks, int 
 
 }  // namespace
 
-gpu::status_t launch_scatter(const void* descriptors, const Plan& plan, DType dtype, int cache_slots,
+gpu::status_t launch_scatter(const Member* table, const Plan& plan, DType dtype, int cache_slots,
                              const LaunchConfig& cfg, gpu::stream_t stream) {
-  const Member* members = members_of(descriptors);
+  const Member* members = table;
   const int n = static_cast<int>(plan.members.size());
   if (plan.total_fill_tasks > 0) {
     fill_kernel<<<static_cast<unsigned>(task_grid<fill_kernel>(plan.total_fill_tasks, cfg)), kBlock, 0, stream>>>(

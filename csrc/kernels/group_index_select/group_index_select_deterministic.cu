@@ -185,9 +185,9 @@ std::size_t deterministic_workspace_bytes(const Plan& plan) {
          round_up(sort_temp_bytes(n, key_bits(plan.total_rows)));
 }
 
-gpu::status_t launch_deterministic(const void* descriptors, const Plan& plan, DType dtype, void* workspace,
+gpu::status_t launch_deterministic(const Member* table, const Plan& plan, DType dtype, void* workspace,
                                    const LaunchConfig& cfg, gpu::stream_t stream) {
-  const Member* members = members_of(descriptors);
+  const Member* members = table;
   const int num_members = static_cast<int>(plan.members.size());
   const std::int64_t n = plan.total_positions;
   if (plan.total_tasks == 0) return gpu::kSuccess;  // no grad_input element to write

@@ -1,14 +1,18 @@
 // Device helpers shared by the group_index_select kernels: the raw vector type, index loads, the task
-// -> member lookup, and the per-member dispatch on (lane-group width, vector bytes).
+// -> member lookup, the per-member dispatch on (lane-group width, vector bytes), and the index
+// validation that a launch runs before its own work.
 #pragma once
 
 #include <type_traits>
 
 #include "group_index_select.h"
 #include "group_index_select_plan.h"
+#include "hipdlrm/gpu/atomics.h"
+#include "hipdlrm/gpu/kernel_args.h"
 #include "hipdlrm/gpu/launch.h"
 #include "hipdlrm/gpu/memory.h"
 #include "hipdlrm/gpu/platform.h"
+#include "hipdlrm/gpu/reduce.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -17,9 +21,11 @@ namespace group_index_select {
 constexpr int kBlock = 256;
 constexpr int kUnroll = 4;  // independent loads in flight per lane
 
-inline const Member* members_of(const void* descriptors) {
-  return reinterpret_cast<const Member*>(static_cast<const unsigned char*>(descriptors) + sizeof(Header));
-}
+// Descriptors in device memory (write_descriptors), the by-value counterpart of InlineMembers: a
+// kernel templated on the table type reads `table.members` either way.
+struct MemberTable {
+  const Member* members;
+};
 
 #if defined(HIPDLRM_DEVICE_CODE)
 
@@ -126,6 +132,90 @@ HIPDLRM_DEVICE void with_shape(int group_width, int vec_bytes, F&& f) {
     case 32: with_vec<32, MinVB>(vec_bytes, f); break;
     case 64: if constexpr (MaxG >= 64 && gpu::kWaveSize >= 64) with_vec<64, MinVB>(vec_bytes, f); break;
     default: break;
+  }
+}
+
+// Positions per validating thread per pass, their loads in flight together. NVIDIA: 4 -- free, the
+// gather's registers (124 on sm_90) already cover them, and the default group is then one pass on an
+// H200. AMD: 1 -- the kernel is charged the VGPRs of its hungriest part, and each extra position in
+// flight costs ~12 (gfx942: 78 / 90 / 126 VGPRs for 1 / 2 / 4), occupancy the gather would lose, while
+// a CDNA GPU's resident grid (MI300X: 1824 blocks of 256) covers the default group in one pass anyway.
+#if defined(HIPDLRM_PLATFORM_HIP)
+constexpr int kValidatePerThread = 1;
+#else
+constexpr int kValidatePerThread = 4;
+#endif
+
+// Blocks that validate `positions` indices in one pass, as many as are resident at once at most.
+template <auto Kernel>
+std::int64_t validation_grid(std::int64_t positions, const LaunchConfig& cfg) {
+  return gpu::capped_grid(positions, static_cast<std::int64_t>(kBlock) * kValidatePerThread, kBlock,
+                          resident_blocks<Kernel>(cfg));
+}
+
+// Checks every index of the group, 0 <= index < rows, and publishes the lowest bad global position (or
+// kNoBadIndex) through `v` (the Validation contract in group_index_select_plan.h). Run by every thread
+// of every block of the launch, before the launch's own work (it has a block barrier); `total` > 0.
+//
+// The positions are spread over the first min(gridDim.x, ceil(total / (kBlock * kValidatePerThread)))
+// blocks, kValidatePerThread per thread per pass with their loads in flight together; the other blocks
+// return at once and start their own work. A wave holding a bad index folds its lowest position with a
+// ballot and a wave minimum into one 64-bit atomic minimum. Each validating block then draws a ticket
+// (thread 0 only: the block's other threads go straight on to their own work), and the block that draws
+// the last one takes the minimum and writes it to the host, resetting both device words to
+// {kNoBadIndex, 0} for the next call. Nothing here waits for another block, so any grid size is safe;
+// in a grid no larger than what is resident at once (the gather's), the answer is out within a few
+// microseconds of the kernel's start: one round of index loads, a barrier and a ticket per block.
+HIPDLRM_DEVICE void validate_indices(const Member* members, int num_members, std::int64_t total,
+                                     const Validation& v) {
+  constexpr std::int64_t kPerBlock = static_cast<std::int64_t>(kBlock) * kValidatePerThread;
+  const std::int64_t needed = (total + kPerBlock - 1) / kPerBlock;
+  const unsigned blocks = needed < static_cast<std::int64_t>(gridDim.x) ? static_cast<unsigned>(needed) : gridDim.x;
+  if (blockIdx.x >= blocks) return;
+  MemberCursor<&Member::pos_begin, &Member::num_indices> cursor;
+  const std::int64_t stride = static_cast<std::int64_t>(blocks) * kPerBlock;
+  // `base` is the same for the whole block, so every wave runs the same iterations (ballot below).
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kPerBlock; base < total; base += stride) {
+    std::int64_t row[kValidatePerThread];
+    std::int64_t rows[kValidatePerThread];
+#pragma unroll
+    for (int u = 0; u < kValidatePerThread; ++u) {
+      const std::int64_t pos = base + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
+      row[u] = 0;
+      rows[u] = 1;
+      if (pos < total) {
+        cursor.seek(members, num_members, pos);
+        const Member& m = members[cursor.k];
+        row[u] = load_index(m, pos - m.pos_begin);
+        rows[u] = m.num_rows;
+      }
+    }
+    std::uint64_t bad = kNoBadIndex;
+#pragma unroll
+    for (int u = 0; u < kValidatePerThread; ++u) {
+      const auto pos = static_cast<std::uint64_t>(base + static_cast<std::int64_t>(u) * kBlock + threadIdx.x);
+      if (!row_in_range(row[u], rows[u]) && pos < bad) bad = pos;
+    }
+    if (gpu::ballot(bad != kNoBadIndex) != 0) {
+      const std::uint64_t first = gpu::wave_reduce(bad, gpu::MinOp());
+      if (gpu::lane_id() == 0) {
+        gpu::atomic_min(v.first_bad, first);
+        gpu::fence_device();  // the minimum lands before this block's ticket
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    gpu::fence_device();
+    if (gpu::atomic_inc_ticket(v.ticket) == blocks - 1) {
+      // Every other validating block has drawn its ticket, after its minimum.
+      gpu::fence_device();
+      const std::uint64_t first = gpu::atomic_exchange(v.first_bad, kNoBadIndex);
+      gpu::atomic_exchange(v.ticket, 0u);
+      gpu::fence_system();  // the reset is visible before the result: the host may reuse the words next
+      *reinterpret_cast<volatile std::uint64_t*>(v.result) = first;
+      gpu::fence_system();
+    }
   }
 }
 

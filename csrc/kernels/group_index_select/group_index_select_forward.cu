@@ -1,5 +1,5 @@
 // Grouped index select, forward: out[k][i, :] = input[k][indices[k][i], :] for every member k of the
-// group, in one launch; plus the index validation that runs just before it.
+// group, in one launch that also validates the group's indices.
 //
 // Thread mapping: the group's output rows are cut into wave-sized tasks (group_index_select_plan.h); a
 // wave finds its member by binary search over the task prefix and splits into lane groups of G lanes,
@@ -14,12 +14,14 @@
 // per wave64 on CDNA: twice the independent rows, and index loads, in flight per wave). A 64-lane group
 // remains available for that ablation (group_width = 64) and is compiled for wave64 targets only.
 //
-// Validation: one thread per index of the whole group checks 0 <= index < rows; a wave with a bad index
-// folds its lowest position with a ballot and a wave minimum and issues one 64-bit atomic minimum into
-// the descriptor header (no device-side assert), and the last block to finish writes the minimum to
-// mapped host memory. The binding runs it on a side stream, concurrently with the gather, and raises
-// once it has read the result. The gather itself never reads out of bounds: a row with a bad index is
-// written as zeros.
+// Fixed cost per call: the member descriptors of a group of up to kInlineMembers members are a kernel
+// argument (InlineMembers, read in place from the constant bank / kernarg segment), so a call is one
+// launch with nothing copied before it; larger groups read a device copy (MemberTable). The index
+// validation runs at the start of the same launch (validate_indices): the first blocks check every
+// index and publish the outcome to mapped host memory a few microseconds in, then gather like the
+// rest. The host waits for that word, not for the kernel, so it raises a clear error for a bad index
+// while the GPU stays busy with the gather. The gather itself never reads out of bounds: a row with a
+// bad index is written as zeros.
 #include "group_index_select.h"
 #include "group_index_select_device.h"
 #include "hipdlrm/gpu/atomics.h"
@@ -31,37 +33,8 @@ namespace group_index_select {
 namespace {
 
 __global__ void __launch_bounds__(kBlock)
-    validate_kernel(const Member* __restrict__ members, int num_members, std::int64_t total, Header* header,
-                    std::uint64_t* result) {
-  __shared__ bool s_last;
-  MemberCursor<&Member::pos_begin, &Member::num_indices> cursor;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kBlock;
-  // `base` is the same for the whole block, so every wave runs the same iterations (ballot below).
-  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kBlock; base < total; base += stride) {
-    const std::int64_t pos = base + threadIdx.x;
-    std::uint64_t bad = kNoBadIndex;
-    if (pos < total) {
-      cursor.seek(members, num_members, pos);
-      const Member& m = members[cursor.k];
-      if (!row_in_range(load_index(m, pos - m.pos_begin), m.num_rows)) bad = static_cast<std::uint64_t>(pos);
-    }
-    if (gpu::ballot(bad != kNoBadIndex) != 0) {
-      const std::uint64_t first = gpu::wave_reduce(bad, gpu::MinOp());
-      if (gpu::lane_id() == 0) gpu::atomic_min(&header->first_bad, first);
-    }
-  }
-  // The last block to finish publishes the minimum to the host.
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    gpu::fence_device();
-    s_last = gpu::atomic_inc_ticket(&header->ticket) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (s_last && threadIdx.x == 0) {
-    gpu::fence_device();
-    *result = *reinterpret_cast<volatile std::uint64_t*>(&header->first_bad);
-    gpu::fence_system();
-  }
+    validate_kernel(const Member* __restrict__ members, int num_members, std::int64_t total, Validation validation) {
+  validate_indices(members, num_members, total, validation);
 }
 
 template <int G, int VB>
@@ -124,34 +97,57 @@ HIPDLRM_DEVICE void gather_task(const Member& m, std::int64_t local_task) {
   }
 }
 
-__global__ void __launch_bounds__(kBlock)
-    gather_kernel(const Member* __restrict__ members, int num_members, std::int64_t total_tasks) {
+// `total_positions` > 0 with a validation to publish, 0 without.
+//
+// The second launch bound asks NVIDIA for at least 2 blocks (16 warps) per SM, i.e. at most 128
+// registers: ptxas then keeps the member fields and several rows' vectors in registers without spilling,
+// for both descriptor sources alike (unbounded, it spilled the device-table variant at 80 registers; at
+// 3 blocks per SM both spill). On AMD the same argument is a minimum of 2 waves per SIMD, below what the
+// kernel's VGPR count allows anyway: no effect there.
+template <typename Table>
+__global__ void __launch_bounds__(kBlock, 2)
+    gather_kernel(HIPDLRM_GRID_CONSTANT const Table table, int num_members, std::int64_t total_tasks,
+                  std::int64_t total_positions, Validation validation) {
+  const Member* __restrict__ members = table.members;
+  if (total_positions > 0) validate_indices(members, num_members, total_positions, validation);
   MemberCursor<&Member::task_begin, &Member::task_count> cursor;
   for (std::int64_t t = global_wave(); t < total_tasks; t += wave_count()) {
     cursor.seek(members, num_members, t);
     const Member& m = members[cursor.k];
     const std::int64_t local = t - cursor.begin;
     with_shape<2, 64>(m.group_width, m.vec_bytes,
-                  [&](auto G, auto VB) { gather_task<decltype(G)::value, decltype(VB)::value>(m, local); });
+                      [&](auto G, auto VB) { gather_task<decltype(G)::value, decltype(VB)::value>(m, local); });
   }
+}
+
+template <typename Table>
+gpu::status_t launch_gather(const Table& table, const Plan& plan, const Validation& validation,
+                            const LaunchConfig& cfg, gpu::stream_t stream) {
+  const bool validating = validation.result != nullptr && plan.total_positions > 0;
+  if (plan.total_tasks == 0 && !validating) return gpu::kSuccess;
+  std::int64_t grid = task_grid<gather_kernel<Table>>(plan.total_tasks, cfg);
+  if (validating) grid = std::max(grid, validation_grid<gather_kernel<Table>>(plan.total_positions, cfg));
+  gather_kernel<Table><<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(
+      table, static_cast<int>(plan.members.size()), plan.total_tasks, validating ? plan.total_positions : 0,
+      validating ? validation : Validation{});
+  return gpu::last_launch_status();
 }
 
 }  // namespace
 
-gpu::status_t launch_validate(void* descriptors, const Plan& plan, std::uint64_t* result, const LaunchConfig& cfg,
-                              gpu::stream_t stream) {
-  if (plan.total_positions == 0) return gpu::kSuccess;
-  const std::int64_t grid = item_grid<validate_kernel>(plan.total_positions, cfg);
-  validate_kernel<<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(
-      members_of(descriptors), static_cast<int>(plan.members.size()), plan.total_positions,
-      static_cast<Header*>(descriptors), result);
-  return gpu::last_launch_status();
+gpu::status_t launch_forward(const Plan& plan, const Member* table, const Validation& validation,
+                             const LaunchConfig& cfg, gpu::stream_t stream) {
+  if (table != nullptr) return launch_gather(MemberTable{table}, plan, validation, cfg, stream);
+  if (!fits_inline(plan)) return gpu::kInvalidValue;
+  return launch_gather(inline_members(plan), plan, validation, cfg, stream);
 }
 
-gpu::status_t launch_forward(const void* descriptors, const Plan& plan, const LaunchConfig& cfg, gpu::stream_t stream) {
-  if (plan.total_tasks == 0) return gpu::kSuccess;
-  gather_kernel<<<static_cast<unsigned>(task_grid<gather_kernel>(plan.total_tasks, cfg)), kBlock, 0, stream>>>(
-      members_of(descriptors), static_cast<int>(plan.members.size()), plan.total_tasks);
+gpu::status_t launch_validate(const Member* table, const Plan& plan, const Validation& validation,
+                              const LaunchConfig& cfg, gpu::stream_t stream) {
+  if (plan.total_positions == 0 || validation.result == nullptr) return gpu::kSuccess;
+  const std::int64_t grid = validation_grid<validate_kernel>(plan.total_positions, cfg);
+  validate_kernel<<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(
+      table, static_cast<int>(plan.members.size()), plan.total_positions, validation);
   return gpu::last_launch_status();
 }
 

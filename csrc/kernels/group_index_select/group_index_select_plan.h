@@ -2,18 +2,24 @@
 // that fills them. Host arithmetic only (no runtime headers), shared by the launchers, the bindings and
 // the GoogleTest suite.
 //
-// Every kernel of the family takes one device array of Member descriptors (one per group member) and a
-// task count. A task is a piece of one member sized for one wave; member k owns the task range
+// Every kernel of the family reads one array of Member descriptors (one per group member) and a task
+// count. A task is a piece of one member sized for one wave; member k owns the task range
 // [task_begin, task_begin + task_count), and a wave finds its member by binary search over task_begin.
 // Inside a task the wave is split into lane groups of `group_width` lanes (8, 16, 32, or 64 on wave64)
 // that move `vec_bytes` per lane per access. Both are chosen per member from its row width, so one
 // launch serves members of any mix of widths while each member gets the shape that fits it.
+//
+// Where the array lives: a group of up to kInlineMembers members travels by value inside the launch
+// (InlineMembers, a kernel argument: no host-to-device copy before the kernel); a larger group is
+// copied to device memory first (write_descriptors).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "hipdlrm/gpu/kernel_args.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
 #define HIPDLRM_PLAN_FN __host__ __device__ inline
@@ -43,16 +49,24 @@ inline int dtype_bytes(DType t) {
   }
 }
 
-// Written by the host with the descriptors (first_bad = kNoBadIndex, ticket = 0), updated by the
-// validation kernel.
-struct Header {
-  std::uint64_t first_bad;     // lowest global position holding an out-of-range index; kNoBadIndex if none
-  std::uint32_t ticket;        // validation blocks finished
-  std::uint32_t reserved[13];  // keeps the descriptors 64-byte aligned
-};
 constexpr std::uint64_t kNoBadIndex = ~std::uint64_t{0};
 
-struct alignas(16) Member {
+// Where a kernel validates the group's indices and publishes the outcome. `first_bad` and `ticket` are
+// device memory that holds {kNoBadIndex, 0} between uses: every validation restores it (the last
+// validating block to finish resets both), so one pair serves any number of calls, one at a time.
+// `result` is 8 bytes of mapped pinned host memory set to kResultPending before the launch; the kernel
+// overwrites it with the lowest global position holding an out-of-range index, or kNoBadIndex, as soon
+// as every index has been checked -- while the rest of the kernel may still be running. A default
+// Validation (result == nullptr) validates nothing.
+struct Validation {
+  std::uint64_t* first_bad = nullptr;
+  unsigned* ticket = nullptr;
+  std::uint64_t* result = nullptr;
+};
+constexpr std::uint64_t kResultPending = kNoBadIndex - 1;  // never a position
+
+// 112 bytes, so that kInlineMembers of them fit a kernel's arguments on both platforms.
+struct Member {
   const void* src;             // forward: input rows; backward: grad_output rows
   void* dst;                   // forward: output rows; backward: grad_input rows
   const void* indices;
@@ -65,12 +79,13 @@ struct alignas(16) Member {
   std::int64_t task_count;
   std::int64_t fill_begin;     // zero-fill tasks (atomic backward)
   std::int64_t fill_count;
-  std::int64_t items_per_task; // forward: rows; scatter: positions; deterministic: grad rows
-  std::int32_t index_bytes;    // 4 or 8
-  std::int32_t group_width;
-  std::int32_t vec_bytes;
+  std::int32_t items_per_task; // forward: rows; scatter: positions; deterministic: grad rows
   std::int32_t tiles;          // backward: column tiles of group_width * vec_bytes bytes
+  std::int16_t index_bytes;    // 4 or 8
+  std::int16_t group_width;
+  std::int16_t vec_bytes;
 };
+static_assert(sizeof(Member) == 112, "Member is sized for kInlineMembers kernel arguments");
 
 // The items [first, end) of one task -- output rows (forward), positions (scatter) or grad_input rows
 // (deterministic) of `extent` -- and its column tile; tasks run tile-fastest, as make_plan counts them.
@@ -168,14 +183,14 @@ inline Plan make_plan(const std::vector<MemberArgs>& args, DType dtype, Pass pas
     m.row_bytes = a.row_elems * elem;
     m.pos_begin = plan.total_positions;
     m.row_begin = plan.total_rows;
-    m.index_bytes = a.indices_int64 ? 8 : 4;
+    m.index_bytes = static_cast<std::int16_t>(a.indices_int64 ? 8 : 4);
     const std::uintptr_t addr_bits = reinterpret_cast<std::uintptr_t>(a.src) | reinterpret_cast<std::uintptr_t>(a.dst);
     const bool forward = pass == Pass::kForward;
     const Shape s = choose_shape(m.row_bytes, elem, addr_bits, wave_size, forward ? group_width_override : 0, forward);
-    m.group_width = s.group_width;
-    m.vec_bytes = s.vec_bytes;
+    m.group_width = static_cast<std::int16_t>(s.group_width);
+    m.vec_bytes = static_cast<std::int16_t>(s.vec_bytes);
     m.tiles = s.tiles;
-    const std::int64_t groups_per_wave = std::max(wave_size / s.group_width, 1);
+    const int groups_per_wave = std::max(wave_size / s.group_width, 1);
     const bool has_columns = m.row_bytes > 0;
     switch (pass) {
       case Pass::kForward:
@@ -203,21 +218,34 @@ inline Plan make_plan(const std::vector<MemberArgs>& args, DType dtype, Pass pas
   return plan;
 }
 
-// Bytes of the descriptor block: a Header, then the Members.
-inline std::size_t descriptor_bytes(const Plan& plan) {
-  return sizeof(Header) + plan.members.size() * sizeof(Member);
+// Descriptors of a group small enough to travel by value as a kernel argument. The capacity is the
+// default workload's group size (FBGEMM's bench: 32 members) and the most that fits the portable
+// argument budget next to the kernels' other arguments (kernel_args.h).
+constexpr std::size_t kInlineMembers = 32;
+struct InlineMembers {
+  Member members[kInlineMembers];
+};
+static_assert(sizeof(InlineMembers) + 128 <= gpu::kKernelArgBytes,
+              "InlineMembers and up to 128 bytes of other arguments must fit a kernel's arguments");
+
+inline bool fits_inline(const Plan& plan) { return plan.members.size() <= kInlineMembers; }
+
+// The plan's descriptors as a kernel argument (fits_inline(plan) must hold); unused slots are zero.
+inline InlineMembers inline_members(const Plan& plan) {
+  InlineMembers im{};
+  std::copy(plan.members.begin(), plan.members.begin() + std::min(plan.members.size(), kInlineMembers),
+            im.members);
+  return im;
 }
 
-// Serialises Header{first_bad = kNoBadIndex, ticket = 0} and the Members into `out` (descriptor_bytes(plan) bytes).
+// Bytes of the device copy of the descriptors (groups that do not fit inline): the Members, in order.
+inline std::size_t descriptor_bytes(const Plan& plan) { return plan.members.size() * sizeof(Member); }
+
+// Serialises the Members into `out` (descriptor_bytes(plan) bytes).
 inline void write_descriptors(const Plan& plan, void* out) {
-  Header h{};
-  h.first_bad = kNoBadIndex;
-  auto* bytes = static_cast<unsigned char*>(out);
-  std::copy(reinterpret_cast<const unsigned char*>(&h), reinterpret_cast<const unsigned char*>(&h) + sizeof(h), bytes);
-  if (!plan.members.empty()) {
-    const auto* src = reinterpret_cast<const unsigned char*>(plan.members.data());
-    std::copy(src, src + plan.members.size() * sizeof(Member), bytes + sizeof(Header));
-  }
+  if (plan.members.empty()) return;
+  const auto* src = reinterpret_cast<const unsigned char*>(plan.members.data());
+  std::copy(src, src + descriptor_bytes(plan), static_cast<unsigned char*>(out));
 }
 
 // Index of the member that owns global position `pos` (host side, for error messages).

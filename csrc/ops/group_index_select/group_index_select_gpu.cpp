@@ -1,22 +1,26 @@
-// group_index_select_dim0 on CUDA / ROCm: checks, allocation, descriptor upload, launches, and the
-// out-of-range index error.
+// group_index_select_dim0 on CUDA / ROCm: checks, allocation, launches, and the out-of-range index error.
 //
-// Per call: the per-member descriptors are built on the host and copied in one pinned, non-blocking
-// H2D copy on the current stream. Index validation cannot raise from a kernel, so it is a small kernel
-// of its own on a side stream, started once the descriptors have landed and running next to the work
-// on the caller's stream; it writes the first bad position (8 bytes) straight into mapped pinned host
-// memory. The work is enqueued first, and only then does the host wait, for the validation alone: the
-// caller's stream never runs dry while the host waits, and on an error the host raises a RuntimeError
-// naming the member, the position and the value. The cost is one host synchronisation per call with
-// the stream's earlier work (documented in docs/group_index_select.md). The kernels never read or write
-// out of bounds whatever the indices are.
+// Fixed cost of a forward call (docs/group_index_select.md, "Per-call cost"): one kernel launch and one
+// host wait that ends early. A group of up to kInlineMembers members passes its descriptors by value in
+// the launch; a larger one first copies them to the device (one pinned, non-blocking H2D copy on the
+// current stream). The kernel checks every index before gathering and writes the outcome into 8 bytes
+// of mapped pinned host memory a few microseconds after it starts; the host spins on that word -- not on
+// the kernel -- and raises a RuntimeError naming the member, position and value of the first bad
+// index. A call therefore waits for the GPU to reach it (the error must be raised before returning) but
+// not for the gather, which keeps the GPU busy while the host returns and enqueues more work. The
+// kernels never read or write out of bounds, whatever the indices are.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <optional>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "../../kernels/group_index_select/group_index_select.h"
@@ -41,7 +45,8 @@ kgis::LaunchConfig launch_config(const at::Device& device, const char* op) {
   return cfg;
 }
 
-// Host descriptors -> device, through pinned memory, on the current stream.
+// Host descriptors -> device, through pinned memory, on the current stream (groups too large to pass
+// by value, and the backward).
 at::Tensor upload(const kgis::Plan& plan, const at::Device& device) {
   const auto bytes = static_cast<std::int64_t>(kgis::descriptor_bytes(plan));
   at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
@@ -49,31 +54,31 @@ at::Tensor upload(const kgis::Plan& plan, const at::Device& device) {
   return host.to(device, /*non_blocking=*/true);
 }
 
-// 8-byte words of mapped pinned host memory that a kernel can write and the host read, one per call
-// in flight. Allocated a page at a time, kept for the life of the process.
-class ResultSlots {
+// 8-byte words of mapped pinned host memory that a kernel writes and the host reads, one per call in
+// flight. Allocated a page at a time, kept for the life of the process.
+class ResultWords {
  public:
-  struct Slot {
+  struct Word {
     std::uint64_t* host = nullptr;
     std::uint64_t* device = nullptr;
   };
 
-  static ResultSlots& instance() {
-    static ResultSlots slots;
-    return slots;
+  static ResultWords& instance() {
+    static ResultWords words;
+    return words;
   }
 
-  Slot acquire(const char* op) {
+  Word acquire(const char* op) {
     std::lock_guard<std::mutex> lock(mu_);
     if (free_.empty()) grow(op);
-    const Slot s = free_.back();
+    const Word w = free_.back();
     free_.pop_back();
-    return s;
+    return w;
   }
 
-  void release(const Slot& s) {
+  void release(const Word& w) {
     std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(s);
+    free_.push_back(w);
   }
 
  private:
@@ -86,61 +91,110 @@ class ResultSlots {
     void* device = nullptr;
     check_status(cudaHostGetDevicePointer(&device, host, 0), op, "cudaHostGetDevicePointer");
     for (std::size_t i = 0; i < kPageWords; ++i)
-      free_.push_back(Slot{static_cast<std::uint64_t*>(host) + i, static_cast<std::uint64_t*>(device) + i});
+      free_.push_back(Word{static_cast<std::uint64_t*>(host) + i, static_cast<std::uint64_t*>(device) + i});
   }
 
   std::mutex mu_;
-  std::vector<Slot> free_;
+  std::vector<Word> free_;
 };
 
-// Index validation of one call: enqueued on a side stream once the descriptors are on the device, so
-// that it runs next to the work on the caller's stream instead of before it.
+// The validation's device words {first_bad = kNoBadIndex, ticket = 0} of one stream. Calls on one
+// stream run their kernels one after another and every validation leaves the words as it found them,
+// so one pair per stream serves every call on it; it is initialised on that stream before its first
+// use. The per-thread default stream is one handle for many streams, so it is keyed by thread as well.
+// Kept for the process (never destroyed: a CUDA tensor must not outlive the allocator at exit).
+kgis::Validation device_words(const at::Device& device, cudaStream_t stream) {
+  using Key = std::tuple<int, cudaStream_t, std::thread::id>;
+  static std::mutex mu;
+  static auto* buffers = new std::map<Key, at::Tensor>();
+  const std::thread::id thread = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
+  std::lock_guard<std::mutex> lock(mu);
+  at::Tensor& buf = (*buffers)[Key{device.index(), stream, thread}];
+  if (!buf.defined()) {
+    buf = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device));
+    buf.narrow(0, 0, 1).fill_(-1);  // all bits set: kNoBadIndex
+  }
+  kgis::Validation v;
+  v.first_bad = reinterpret_cast<std::uint64_t*>(buf.data_ptr<std::int64_t>());
+  v.ticket = reinterpret_cast<unsigned*>(buf.data_ptr<std::int64_t>() + 1);
+  return v;
+}
+
+// The index validation of one call, from the launch that runs it to the error it may raise.
 class IndexCheck {
  public:
-  IndexCheck(void* descriptors, const kgis::Plan& plan, const kgis::LaunchConfig& cfg, const at::Device& device,
-             cudaStream_t stream, const char* op)
-      : op_(op), slot_(ResultSlots::instance().acquire(op)) {
-    *slot_.host = kgis::kNoBadIndex;
-    if (plan.total_positions == 0) return;
-    const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
-    check_status(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), op_, "cudaEventCreate");
-    check_status(cudaEventRecord(ready_, stream), op_, "cudaEventRecord");
-    check_status(cudaStreamWaitEvent(side.stream(), ready_, 0), op_, "cudaStreamWaitEvent");
-    check_status(kgis::launch_validate(descriptors, plan, slot_.device, cfg, side.stream()), op_,
-                 "index validation launch");
-    check_status(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), op_, "cudaEventCreate");
-    check_status(cudaEventRecord(done_, side.stream()), op_, "cudaEventRecord");
+  IndexCheck(const at::Device& device, cudaStream_t stream, const char* op) : op_(op), stream_(stream) {
+    // A captured launch does not run, so nothing would ever answer the wait (and an error could only
+    // surface at replay, where nothing can raise it).
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    check_status(cudaStreamIsCapturing(stream, &capture), op, "cudaStreamIsCapturing");
+    TORCH_CHECK(capture == cudaStreamCaptureStatusNone, op,
+                ": the out-of-range index check cannot run during CUDA graph capture (it must raise before the "
+                "call returns); call the op outside the captured region");
+    validation_ = device_words(device, stream);
+    word_ = ResultWords::instance().acquire(op);
+    *static_cast<volatile std::uint64_t*>(word_.host) = kgis::kResultPending;
+    validation_.result = word_.device;
   }
   IndexCheck(const IndexCheck&) = delete;
   IndexCheck& operator=(const IndexCheck&) = delete;
 
-  // The validation reads the caller's buffers and writes the slot: it must be over before either is
-  // released, also when an exception unwinds the call.
+  // A word that a launched kernel may still write is never reused (only after a failure elsewhere).
   ~IndexCheck() {
-    if (done_ != nullptr) {
-      cudaEventSynchronize(done_);
-      cudaEventDestroy(done_);
-    }
-    if (ready_ != nullptr) cudaEventDestroy(ready_);
-    ResultSlots::instance().release(slot_);
+    if (!in_flight_ || answered_) ResultWords::instance().release(word_);
   }
 
-  // Waits for the validation and raises for the first out-of-range index of the group.
+  const kgis::Validation& target() const { return validation_; }
+
+  // Call right after a successful launch of the kernel that validates into target().
+  void launched() { in_flight_ = true; }
+
+  // Waits for the kernel's answer and raises for the first out-of-range index of the group.
   void finish(const kgis::Plan& plan, const std::vector<at::Tensor>& indices) {
-    if (done_ != nullptr) check_status(cudaEventSynchronize(done_), op_, "waiting for the index validation");
-    const std::uint64_t first_bad = *static_cast<volatile std::uint64_t*>(slot_.host);
+    const std::uint64_t first_bad = wait();
+    answered_ = true;
     if (first_bad == kgis::kNoBadIndex) return;
     const auto pos = static_cast<std::int64_t>(first_bad);
+    TORCH_CHECK(pos >= 0 && pos < plan.total_positions, op_, ": internal error: the index validation reported "
+                "position ", first_bad, " of ", plan.total_positions);
     const std::size_t k = kgis::member_of_position(plan, pos);
     const std::int64_t i = pos - plan.members[k].pos_begin;
     throw_bad_index(op_, k, i, indices[k][i].item<std::int64_t>(), plan.members[k].num_rows);
   }
 
  private:
+  static constexpr unsigned kSpinsPerPoll = 1u << 12;
+
+  // Spins on the word; now and then asks whether the stream has finished or failed, so that a kernel
+  // that could not run cannot leave the host spinning (and an asynchronous error surfaces here).
+  std::uint64_t wait() {
+    const volatile std::uint64_t* word = word_.host;
+    for (unsigned spin = 1;; ++spin) {
+      std::uint64_t v = *word;
+      if (v != kgis::kResultPending) {
+        std::atomic_thread_fence(std::memory_order_acquire);
+        return v;
+      }
+      if (spin % kSpinsPerPoll != 0) continue;
+      const cudaError_t st = cudaStreamQuery(stream_);
+      if (st == cudaErrorNotReady) {
+        (void)cudaGetLastError();  // a not-ready query is not an error; do not leave it sticky
+        std::this_thread::yield();
+        continue;
+      }
+      check_status(st, op_, "waiting for the index validation");
+      v = *word;
+      TORCH_CHECK(v != kgis::kResultPending, op_, ": internal error: the index validation finished without a result");
+      return v;
+    }
+  }
+
   const char* op_;
-  ResultSlots::Slot slot_;
-  cudaEvent_t ready_ = nullptr;
-  cudaEvent_t done_ = nullptr;
+  cudaStream_t stream_;
+  kgis::Validation validation_;
+  ResultWords::Word word_;
+  bool in_flight_ = false;
+  bool answered_ = false;
 };
 
 std::vector<kgis::MemberArgs> member_args(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>& dst,
@@ -176,10 +230,17 @@ std::vector<at::Tensor> forward_gpu_impl(at::TensorList input_group, at::TensorL
 
   const kgis::Plan plan = kgis::make_plan(member_args(inputs, outputs, indices, layout), kernel_dtype(layout.dtype),
                                           kgis::Pass::kForward, cfg.wave_size, static_cast<int>(group_width));
-  at::Tensor descriptors = upload(plan, layout.device);
-  IndexCheck check(descriptors.data_ptr(), plan, cfg, layout.device, stream, op);
-  check_status(kgis::launch_forward(descriptors.data_ptr(), plan, cfg, stream), op, "gather launch");
-  check.finish(plan, indices);
+  std::optional<IndexCheck> check;
+  if (plan.total_positions > 0) check.emplace(layout.device, stream, op);
+  at::Tensor table;
+  if (!kgis::fits_inline(plan)) table = upload(plan, layout.device);
+  const auto* members = table.defined() ? static_cast<const kgis::Member*>(table.data_ptr()) : nullptr;
+  check_status(kgis::launch_forward(plan, members, check ? check->target() : kgis::Validation{}, cfg, stream), op,
+               "gather launch");
+  if (check) {
+    check->launched();
+    check->finish(plan, indices);
+  }
   return outputs;
 }
 
@@ -219,17 +280,23 @@ std::vector<at::Tensor> backward_gpu(at::TensorList grad_output_group, at::Tenso
   const kgis::DType dtype = kernel_dtype(layout.dtype);
   const kgis::Plan plan = kgis::make_plan(member_args(grads, grad_inputs, indices, layout), dtype, pass,
                                           cfg.wave_size, 0);
-  at::Tensor descriptors = upload(plan, layout.device);
+  const at::Tensor table = upload(plan, layout.device);
+  const auto* members = static_cast<const kgis::Member*>(table.data_ptr());
   std::optional<IndexCheck> check;
-  if (check_indices) check.emplace(descriptors.data_ptr(), plan, cfg, layout.device, stream, op);
+  if (check_indices && plan.total_positions > 0) {
+    // Validated first on the stream, answered while the backward kernels run.
+    check.emplace(layout.device, stream, op);
+    check_status(kgis::launch_validate(members, plan, check->target(), cfg, stream), op, "index validation launch");
+    check->launched();
+  }
   if (deterministic) {
     const auto bytes = static_cast<std::int64_t>(kgis::deterministic_workspace_bytes(plan));
     const at::Tensor workspace = at::empty({bytes}, grads[0].options().dtype(at::kByte));
-    check_status(kgis::launch_deterministic(descriptors.data_ptr(), plan, dtype, workspace.data_ptr(), cfg, stream),
-                 op, "deterministic backward launch");
+    check_status(kgis::launch_deterministic(members, plan, dtype, workspace.data_ptr(), cfg, stream), op,
+                 "deterministic backward launch");
   } else {
-    check_status(kgis::launch_scatter(descriptors.data_ptr(), plan, dtype, static_cast<int>(cache_slots), cfg, stream),
-                 op, "scatter launch");
+    check_status(kgis::launch_scatter(members, plan, dtype, static_cast<int>(cache_slots), cfg, stream), op,
+                 "scatter launch");
   }
   if (check) check->finish(plan, indices);
   return grad_inputs;

@@ -1,5 +1,5 @@
-// Floating-point atomic adds (no return value), a 64-bit atomic minimum and a system-scope fence, for
-// CUDA and HIP.
+// Floating-point atomic adds (no return value), a 64-bit atomic minimum, atomic exchanges and a
+// system-scope fence, for CUDA and HIP.
 //
 // AMD: CDNA2/3 have hardware float atomics (global_atomic_add_f32/f64, global_atomic_pk_add_f16), but
 // HIP's atomicAdd only emits them on gfx90a under -munsafe-fp-atomics, because on MI200 they are
@@ -158,6 +158,12 @@ HIPDLRM_DEVICE void atomic_add(bfloat16_t* p, float v) {
 HIPDLRM_DEVICE void atomic_min(std::uint64_t* p, std::uint64_t v) {
   atomicMin(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
 }
+
+// Store v and return the value they replaced.
+HIPDLRM_DEVICE std::uint64_t atomic_exchange(std::uint64_t* p, std::uint64_t v) {
+  return atomicExch(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
+}
+HIPDLRM_DEVICE unsigned atomic_exchange(unsigned* p, unsigned v) { return atomicExch(p, v); }
 
 // Orders this thread's earlier writes before its later ones as seen by the host (mapped pinned memory)
 // as well as by the device.

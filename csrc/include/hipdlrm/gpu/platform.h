@@ -30,12 +30,14 @@ namespace gpu {
 using stream_t = hipStream_t;
 using status_t = hipError_t;
 constexpr status_t kSuccess = hipSuccess;
+constexpr status_t kInvalidValue = hipErrorInvalidValue;
 inline const char* status_string(status_t s) { return hipGetErrorString(s); }
 inline status_t last_launch_status() { return hipGetLastError(); }
 #else
 using stream_t = cudaStream_t;
 using status_t = cudaError_t;
 constexpr status_t kSuccess = cudaSuccess;
+constexpr status_t kInvalidValue = cudaErrorInvalidValue;
 inline const char* status_string(status_t s) { return cudaGetErrorString(s); }
 inline status_t last_launch_status() { return cudaGetLastError(); }
 #endif
