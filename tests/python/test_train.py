@@ -222,7 +222,7 @@ def _assert_same_training(args, steps: int, params_rtol: float) -> None:
         assert abs(a - b) <= 1e-5, f"step {s}: hipdlrm loss {a} vs torch {b}"
     assert ours[-1] != ours[0]
     for t_ours, t_base in zip(m_ours.embeddings.tables(), m_base.embeddings.tables()):
-        torch.testing.assert_close(t_ours, t_base, rtol=params_rtol, atol=1e-6)
+        torch.testing.assert_close(t_ours, t_base, rtol=params_rtol, atol=1e-5)
     for p_ours, p_base in zip(m_ours.dense_parameters(), m_base.dense_parameters()):
         torch.testing.assert_close(p_ours.detach(), p_base.detach(), rtol=params_rtol, atol=1e-5)
 

@@ -577,6 +577,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = resolve_args(parser, parser.parse_args(argv))
     device = torch.device(args.device)
+    if device.type == "cuda":
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(device)       # the step timer's events go to the current device's stream
     if args.tf32:
         torch.backends.cuda.matmul.allow_tf32 = True
     if args.threads is not None or device.type == "cpu":
