@@ -38,14 +38,6 @@ since that is what the memory system writes back. The sector count is computed e
 violation mask (no writes in FATAL mode). GB/s = bytes / median time; "% copy" relates it to the
 device-to-device copy bandwidth measured at the start of the same run (common.copy_bandwidth_gbs).
 
-Anchors measured in the same run, besides the copy bandwidth: a read-only pass over the same index array
-(`indices.sum()`) and a copy of it (`dst.copy_(indices)`), timed like the variants (L2 flushed, median),
-for the slowdown analysis printed after the targets. That analysis splits the block-reduce variant's
-time(top rate) / time(rate 0) into the ratio of the bytes counted above and the ratio of the two runs'
-efficiencies (GB/s as a fraction of the copy bandwidth): slowdown = bytes ratio x eff(0) / eff(top). It
-also bounds how many of the written bytes the L2 may still hold, dirty, when the call returns: those
-are counted above but reach DRAM only after the timed region.
-
 WARNING mode is the default (the production mode). On a GPU hipdlrm prints one stderr line per call
 that found violations; this script sets HIPDLRM_QUIET_WARNINGS=1 before importing hipdlrm so those lines
 are suppressed; the counts still go to the `warning` tensor.
@@ -210,43 +202,6 @@ def verify(fns: dict[str, CheckFn], wl: Workload, mode: str, what: str) -> None:
         raise SystemExit(f"error: correctness check failed ({what}):\n  " + "\n  ".join(problems))
 
 
-def measure_anchors(wl: Workload, device: torch.device, iters: int) -> dict:
-    """Read-only and read-plus-write passes over this run's index array, timed like the variants."""
-    index_bytes = wl.pristine.numel() * wl.pristine.element_size()
-    scratch = torch.empty_like(wl.pristine)
-    read = time_fn(lambda: wl.pristine.sum(), device=device, warmup=WARMUP, iters=iters)
-    copy = time_fn(lambda: scratch.copy_(wl.pristine), device=device, warmup=WARMUP, iters=iters)
-    return {
-        "index_bytes": index_bytes,
-        "read_ms": read["median_ms"],
-        "read_gbs": index_bytes / (read["median_ms"] * 1e-3) / 1e9,
-        "copy_ms": copy["median_ms"],
-        "copy_gbs": 2 * index_bytes / (copy["median_ms"] * 1e-3) / 1e9,
-    }
-
-
-def slowdown_analysis(rows: list[dict], index_bytes: int, l2_bytes: int) -> dict | None:
-    """The block-reduce variant's time(top rate) / time(rate 0) as bytes ratio x efficiency ratio, what
-    the slowdown target asks of the efficiency ratio, and the written bytes the L2 may still hold."""
-    br = {r["rate"]: r for r in rows if r["variant"] == BLOCK_REDUCE}
-    if 0.0 not in br or len(br) < 2:
-        return None
-    top = max(br)
-    base, worst = br[0.0], br[top]
-    written = worst["sectors_written"] * SECTOR_BYTES
-    return {
-        "rate": top,
-        "slowdown": worst["ms"] / base["ms"],
-        "bytes_ratio": worst["bytes"] / base["bytes"],
-        "efficiency_ratio": base["pct_copy"] / worst["pct_copy"],
-        "efficiency_ratio_for_target": TARGET_MAX_RATE_SLOWDOWN * base["bytes"] / worst["bytes"],
-        "written_bytes": written,
-        "written_fraction": written / index_bytes,
-        # If the L2 ends full of index lines, written_fraction of them are dirty.
-        "l2_dirty_bytes_max": min(written, written / index_bytes * l2_bytes),
-    }
-
-
 def minimal_bytes(wl: Workload, mode: str) -> int:
     itemsize = wl.pristine.element_size()
     read = (wl.pristine.numel() + wl.offsets.numel()) * itemsize + wl.rows_per_table.numel() * 8
@@ -347,11 +302,6 @@ def main(argv=None) -> int:
 
     fns = variants(args.mode, device)
     print(f"variants: {', '.join(fns)}")
-    l2_bytes = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) if device.type == "cuda" else 0
-    anchors = measure_anchors(make_workload(args, 0.0, dtype, device), device, iters)
-    print(f"same-run anchors over the {anchors['index_bytes'] / 1e6:.1f} MB of indices: read (sum) "
-          f"{anchors['read_ms'] * 1e3:.1f} us = {anchors['read_gbs']:.1f} GB/s; copy {anchors['copy_ms'] * 1e3:.1f} us"
-          f" = {anchors['copy_gbs']:.1f} GB/s (read + write)")
     rows: list[dict] = []
     progress = Progress(len(rates) * len(fns))
     for rate in rates:
@@ -380,7 +330,6 @@ def main(argv=None) -> int:
                 "violations": wl.num_violations,
                 "violation_pct": 100.0 * wl.num_violations / n,
                 "sectors_written": wl.sectors_written,
-                "written_fraction": wl.sectors_written * SECTOR_BYTES / anchors["index_bytes"],
                 "bytes": nbytes,
                 "ms": ms,
                 "min_ms": t["min_ms"],
@@ -403,22 +352,10 @@ def main(argv=None) -> int:
     targets = evaluate_targets(rows)
     paper_size = (args.tables, args.batch, args.bag_size) == (*PAPER_SIZE, 14)
     print_targets(f"{BLOCK_REDUCE}{'' if paper_size else ', not the paper workload: not the issue targets'}", targets)
-    analysis = slowdown_analysis(rows, anchors["index_bytes"], l2_bytes) if args.mode != "fatal" else None
-    if analysis is not None:
-        a = analysis
-        print(f"\nslowdown at rate {a['rate']:g}: {a['slowdown']:.2f}x = bytes ratio {a['bytes_ratio']:.2f} x "
-              f"efficiency ratio {a['efficiency_ratio']:.2f}; the {TARGET_MAX_RATE_SLOWDOWN:g}x target needs an "
-              f"efficiency ratio <= {a['efficiency_ratio_for_target']:.2f}")
-        print(f"written: {a['written_bytes'] / 1e6:.1f} MB ({100 * a['written_fraction']:.0f}% of the index bytes)"
-              + (f"; up to {a['l2_dirty_bytes_max'] / 1e6:.1f} MB of it may still be in the "
-                 f"{l2_bytes / 2**20:.0f} MiB L2 when the call returns" if l2_bytes else ""))
 
     extra = {
         "config": {**vars(args), "rates": rates, "iters": iters, "warmup": WARMUP, "num_indices": n},
         "copy_bandwidth_gbs": copy_gbs,
-        "anchors": anchors,
-        "l2_cache_bytes": l2_bytes,
-        "slowdown_analysis": analysis,
         "targets": targets,
         "hipdlrm_error": HIPDLRM_ERROR,
     }

@@ -122,7 +122,7 @@ EDGE_CASES = [
     "empty_bags", "zero_row_table", "all_pruned", "non_monotone_offsets", "offsets_garbage",
     "last_offset_too_small", "last_offset_too_large", "negative_first_offset", "positive_first_offset",
     "inner_offset_beyond_N", "empty_indices", "empty_indices_bad_offsets", "T1_B1", "boundary_values",
-    "huge_rows", "max_B_slack", "negative_rows", "table_start_beyond_N",
+    "huge_rows", "max_B_slack",
 ]
 
 
@@ -199,17 +199,6 @@ def edge_case(name, dtype, vbe) -> Case:
         return c
     if name == "max_B_slack":
         return make_case(seed, rate=0.1, max_B_slack=3, **kw)
-    if name == "negative_rows":
-        # a negative row count: every index of that table but -1 is out of range (no unsigned wrap-around)
-        c = make_case(seed, min_len=1, rate=0.1, **kw)
-        c.rows_per_table[1] = -3
-        return c
-    if name == "table_start_beyond_N":
-        # the first bag of table 2 starts past N: the repair moves the start of every later table to N
-        c = make_case(seed, T=4, B=6, min_len=1, rate=0.1, **kw)
-        first_bag_of_t2 = 12 if c.B_offsets is None else int(c.B_offsets[2])
-        c.offsets[first_bag_of_t2] = c.indices.numel() + 5
-        return c
     raise AssertionError(name)
 
 
@@ -618,162 +607,6 @@ def test_gpu_large(mode, dtype, vbe, scenario):
         assert_same(gpu.offsets, case.offsets, "offsets (valid, unchanged)")
         expected_w = int(bad.sum()) if mode == WARNING else WARNING_INIT
         assert w.item() == expected_w
-
-
-# ----------------------------------------------------------------------------------------------
-# GPU kernel paths: sizes and tails, the ablation variant, many tables, the report, state across calls
-# ----------------------------------------------------------------------------------------------
-
-IMPL = torch.ops.hipdlrm._bounds_check_indices_impl
-
-
-def _exact_case(N: int, *, T=3, B=7, rate=0.3, dtype=torch.int64) -> Case:
-    """Exactly N indices in T*B bags cut at random points (empty bags included); a fraction `rate` of
-    them out of range (half negative but never -1, half >= rows of their table)."""
-    g = torch.Generator().manual_seed(_seed("exact", N, T, B, rate, str(dtype)))
-    cuts = torch.sort(torch.randint(0, N + 1, (T * B - 1,), generator=g)).values
-    offsets = torch.cat([torch.tensor([0]), cuts, torch.tensor([N])])
-    index_table = torch.repeat_interleave(torch.repeat_interleave(torch.arange(T), B), offsets[1:] - offsets[:-1])
-    rows = torch.randint(1, 5000, (T,), generator=g)
-    vals = (torch.rand(N, generator=g, dtype=torch.float64) * rows[index_table]).long()
-    bad = torch.rand(N, generator=g) < rate
-    negative = torch.rand(N, generator=g) < 0.5
-    vals = torch.where(bad, torch.where(negative, -vals - 2, vals + rows[index_table]), vals)
-    return Case(rows, vals.to(dtype), offsets.to(dtype), None, None, -1, index_table)
-
-
-@pytest.mark.parametrize("N", [1, 2, 3, 5, 4095, 4097, 65537])
-@dtype_param
-def test_exact_case_on_cpu(N, dtype):
-    """The sizes of the GPU tail test, on the CPU operator against the reference (checks the helper)."""
-    check_against_reference(_exact_case(N, dtype=dtype), WARNING, "cpu")
-
-
-@requires_gpu
-@mode_param
-@dtype_param
-@pytest.mark.parametrize("N", [1, 2, 3, 5, 4095, 4097, 65537, 1_000_003])
-def test_gpu_sizes_and_tails(mode, dtype, N):
-    """Aligned indices from one index to many blocks, leaving 0..3 indices after the last 16-byte vector."""
-    check_gpu_against_cpu(_exact_case(N, dtype=dtype), mode, with_reference=N <= 65537)
-
-
-def _run_impl(case: Case, mode: int, warning: torch.Tensor, per_thread_atomics: bool) -> None:
-    IMPL(case.rows_per_table, case.indices, case.offsets, int(mode), warning, case.weights, case.B_offsets,
-         case.max_B, per_thread_atomics)
-
-
-@requires_gpu
-@mode_param
-@dtype_param
-@rate_param
-@pytest.mark.parametrize("offsets_ok", [True, False], ids=["offsets_ok", "offsets_bad"])
-def test_gpu_per_thread_atomics_matches_cpu(mode, dtype, rate, offsets_ok):
-    """The ablation variant (one global atomic per violation) gives the CPU's results, errors included."""
-    case = make_case(_seed("atomics", mode, str(dtype), rate, offsets_ok), T=5, B=400, max_len=20, rate=rate,
-                     dtype=dtype)
-    if not offsets_ok:
-        case.offsets[37] = -3
-        case.offsets[-1] += 2
-    cpu, gpu = case.to("cpu"), case.to("cuda")
-    w_cpu, w_gpu = new_warning("cpu"), new_warning("cuda")
-    errors = {}
-    for name, c, w, atomics in (("cpu", cpu, w_cpu, False), ("cuda", gpu, w_gpu, True)):
-        try:
-            _run_impl(c, mode, w, atomics)
-        except RuntimeError as e:
-            errors[name] = str(e).splitlines()[0]
-    assert errors.get("cuda") == errors.get("cpu")
-    assert_same(gpu.indices, cpu.indices, "indices (GPU per-thread atomics vs CPU)")
-    assert_same(gpu.offsets, cpu.offsets, "offsets (GPU per-thread atomics vs CPU)")
-    assert_same(w_gpu, w_cpu, "warning (GPU per-thread atomics vs CPU)")
-
-
-@requires_gpu
-@mode_param
-@vbe_param
-@pytest.mark.parametrize("damage", ["none", "table_start_beyond_N"])
-def test_gpu_many_tables(mode, vbe, damage):
-    """Thousands of small tables: the table bounds are copied by many offsets slices, and threads cross
-    table boundaries inside their vectors; with damage, the repaired bounds differ from the given ones."""
-    case = make_case(_seed("many_tables", mode, vbe, damage), T=3000, B=3, max_len=4, rows_max=50, rate=0.2,
-                     vbe=vbe)
-    if damage == "table_start_beyond_N":
-        t = 1000
-        first_bag = 3 * t if case.B_offsets is None else int(case.B_offsets[t])
-        case.offsets[first_bag] = case.indices.numel() + 5
-    check_gpu_against_cpu(case, mode, with_reference=False)
-
-
-REPORT_LAYOUTS = ["fixed_bags", "random_bags", "vbe", "table_edges", "many_blocks"]
-
-
-def _report_case(layout: str) -> Case:
-    """Valid offsets and indices, then out-of-range values at chosen positions: the first one in the
-    second half (so not in the first block's share), a few dozen after it."""
-    seed = _seed("report", layout)
-    if layout in ("fixed_bags", "table_edges"):
-        case = make_case(seed, T=4, B=2000, min_len=14, max_len=14, rate=0.0, prune=0.05)
-    elif layout == "random_bags":
-        case = make_case(seed, T=4, B=3000, max_len=20, rate=0.0, prune=0.05)
-    elif layout == "vbe":
-        case = make_case(seed, T=5, B=3000, max_len=20, rate=0.0, prune=0.05, vbe=True)
-    else:
-        case = make_case(seed, T=30, B=4096, max_len=28, rows_max=100_000, rate=0.0, prune=0.05)
-    N = case.indices.numel()
-    g = torch.Generator().manual_seed(seed + 1)
-    if layout == "table_edges":  # the first index of table 2, then the very last index
-        pos = torch.tensor([int(case.offsets[2 * 2000]), N - 1])
-    else:
-        first = N // 2 + int(torch.randint(0, N // 4, (1,), generator=g))
-        pos = torch.cat([torch.tensor([first]), first + 1 + torch.randperm(N - first - 1, generator=g)[:40]])
-    rows = case.rows_per_table[case.index_table[pos]]
-    case.indices[pos] = (rows + 1000 + torch.arange(pos.numel())).to(case.indices.dtype)
-    return case
-
-
-@requires_gpu
-@pytest.mark.parametrize("layout", REPORT_LAYOUTS)
-def test_gpu_report_matches_cpu(layout, capfd):
-    """The WARNING line (count; first out-of-range index with its position, table, bag and limit) and the
-    FATAL message are the CPU's, and the GPU's line is the same run to run."""
-    case = _report_case(layout)
-    _flush_pending()
-    capfd.readouterr()
-    run(case.to("cpu"), WARNING)
-    cpu_lines = _lines(capfd.readouterr().err)
-    assert len(cpu_lines) == 1, cpu_lines
-    for _ in range(2):
-        run(case.to("cuda"), WARNING)
-        hipdlrm.flush_bounds_check_warnings()
-        assert _lines(capfd.readouterr().err) == cpu_lines
-    messages = {}
-    for device in ("cpu", "cuda"):
-        with pytest.raises(RuntimeError) as info:
-            run(case.to(device), FATAL)
-        messages[device] = str(info.value).splitlines()[0]
-    assert messages["cuda"] == messages["cpu"]
-
-
-@requires_gpu
-def test_gpu_state_across_calls_and_streams():
-    """Calls of every kind back to back (clean, violations, an offsets abort in FATAL, garbage offsets,
-    one index), on the current stream and then on a side stream: each call starts from clean state."""
-    calls = [
-        (WARNING, _large_case(torch.int64, False, "indices20")),
-        (FATAL, _large_case(torch.int64, False, "indices20+offsets")),
-        (IGNORE, edge_case("offsets_garbage", torch.int32, True)),
-        (FATAL, _fatal_index_case(torch.int64, False, 987654)),
-        (WARNING, make_case(_seed("state_clean"), rate=0.0)),
-        (WARNING, _exact_case(3)),
-        (IGNORE, _large_case(torch.int32, True, "indices20+offsets")),
-    ]
-    side = torch.cuda.Stream()
-    for stream in (torch.cuda.current_stream(), side):
-        with torch.cuda.stream(stream):
-            for mode, case in calls:
-                check_gpu_against_cpu(case, mode, with_reference=False)
-    torch.cuda.synchronize()
 
 
 @pytest.mark.parametrize("device", devices)

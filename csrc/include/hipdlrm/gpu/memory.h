@@ -1,4 +1,4 @@
-// Loads, stores and L2 prefetches through pointers that the caller knows point to device (global) memory.
+// Loads and stores through pointers that the caller knows point to device (global) memory.
 //
 // AMD: a pointer read from memory (a field of a per-member descriptor, say) is a generic pointer to the
 // compiler, which then emits flat_* instructions: they cannot take a scalar base register and they
@@ -58,18 +58,6 @@ HIPDLRM_DEVICE void store_global(T* p, const T& v) {
   *(__attribute__((address_space(1))) W*)(p) = __builtin_bit_cast(W, v);
 #else
   *p = v;
-#endif
-}
-
-// Starts bringing the cache line holding p into the L2 without waiting for it and without a register
-// for the result, so a kernel can get DRAM busy on data it will load after a phase it cannot load
-// during. NVIDIA: prefetch.global.L2. AMD: gfx9 has no prefetch instruction (a load whose result is
-// never used is removed by the compiler), so this is a no-op there.
-HIPDLRM_DEVICE void prefetch_l2(const void* p) {
-#if defined(HIPDLRM_PLATFORM_CUDA) && defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-  (void)p;
 #endif
 }
 

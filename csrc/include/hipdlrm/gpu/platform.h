@@ -219,6 +219,43 @@ HIPDLRM_DEVICE T shfl_down(T v, unsigned delta, int width = kWaveSize) {
   return detail::shuffle_words(v, [&](int w) { return detail::shfl_down_word(w, delta, width); });
 }
 
+// ---- dependent launches ----------------------------------------------------------------------------
+// On Hopper (sm_90+) a kernel launched with launch_dependent() may start while the previous kernel of the
+// stream is still running: it does independent work (loads of inputs the previous kernel does not
+// write) and calls grid_dependency_wait() before touching anything that kernel produces. The previous
+// kernel calls allow_dependent_launch() once its blocks no longer need the SM slots exclusively. Both are
+// no-ops elsewhere (HIP, older NVIDIA), where the launch is an ordinary stream-ordered one.
+HIPDLRM_DEVICE void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaGridDependencySynchronize();
+#endif
+}
+HIPDLRM_DEVICE void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
+template <typename... KernelArgs, typename... Args>
+inline status_t launch_dependent(void (*kernel)(KernelArgs...), unsigned grid, unsigned block, stream_t stream,
+                                 Args&&... args) {
+#if defined(HIPDLRM_PLATFORM_CUDA) && defined(__CUDACC__) && CUDART_VERSION >= 12000
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(block);
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+#else
+  kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
+  return last_launch_status();
+#endif
+}
+
 // ---- atomics ---------------------------------------------------------------------------------------
 HIPDLRM_DEVICE void atomic_add(std::int64_t* p, std::int64_t v) {
   atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
