@@ -4,11 +4,13 @@
 // state) in place. No dense gradient, no atomics; results are bit-identical run to run.
 //
 // Stages (one stream, no host synchronisation):
-//   1. linearize: one thread per lookup i finds its bag by binary search over the offsets and writes the
-//      sort key (row_offsets[t] + index, or total_rows for a lookup that contributes nothing: no bag,
-//      pruned or out of range), its position, its bag and its gradient scale.
-//   2. per-sample-weight gradient (when weighted): one wave per lookup, dot(grad row, weight row) from
-//      the weights before the update.
+//   1. linearize: one wave per W consecutive lookups. The bag of the first is found by a W-ary search
+//      over the offsets (W probes per step: log_W(bags) dependent loads, not log_2); the next W bag
+//      starts are then loaded at once and each lane finds its own bag among them in registers. Each
+//      lookup's sort key (row_offsets[t] + index, or total_rows for a lookup that contributes nothing:
+//      no bag, pruned or out of range), its position and its (bag, gradient scale) are written once.
+//   2. per-sample-weight gradient (when weighted): one wave per W consecutive lookups, dot(grad row,
+//      weight row) from the weights before the update, a few lookups' rows in flight at a time.
 //   3. radix sort of (key, position) on the bits total_rows needs (stable: positions stay ascending
 //      within a row, which fixes the summation order).
 //   4. segments: a flag per sorted position where the key changes, an inclusive scan (segment of each
@@ -17,23 +19,35 @@
 //      one wave per piece writes the piece's fp32 sum to a slot of the partials buffer (two slots per
 //      kHotPiece block: at most two long segments touch a block, one crossing its start and one starting
 //      inside it).
-//   6. apply: one wave per segment sums its lookups (or, for a hot segment, its pieces' partials in
-//      order) and updates the row and its optimizer state.
+//   6. apply: each wave takes W consecutive segments at a time; per segment it sums its lookups (or, for
+//      a hot segment, its pieces' partials in order) and updates the row and its optimizer state.
 //
-// Thread mapping of the wave stages: lanes own columns (lane l holds columns l, l + W, ..., K per lane,
-// rows wider than K*W done in column chunks), so summing needs no cross-lane reduction; only row-wise
-// Adagrad's mean of g^2 and the per-sample-weight dot product reduce across the wave. While summing, the
-// lanes first load the metadata of W lookups (one each) and then broadcast it with shuffles, so the
-// dependent loads (position -> bag -> grad row) overlap instead of chaining per lookup.
+// Thread mapping of the wave stages: lanes own 4-column vectors (lane l holds vectors l, l + W, ..., K
+// per lane, rows wider than 4*K*W done in column chunks): fp32 gradient rows and optimizer states move
+// as 16-byte loads and stores, fp16/bf16 weights as 8-byte ones, and a row whose dim or start is not a
+// multiple of 4 element by element with the same mapping. Summing needs no cross-lane reduction; only
+// row-wise Adagrad's mean of g^2 and the per-sample-weight dot products reduce across the wave. The
+// lanes load the metadata of W sorted lookups at once (position and key, then the lookup's bag and
+// scale, then its feature's offsets) into a cache that the wave walks through in sorted order, one
+// lookup broadcast to all lanes at a time; the gradient rows of up to U lookups (and the weight row and
+// state of the segment) are in flight before the first is used, so a short segment costs about one
+// memory latency.
 //
 // AMD-specific choice: every cross-lane step goes through the platform layer with the compile-time wave
 // width (64 on CDNA), and the launch never assumes 32; segment-per-wave rather than per-warp-of-32
-// means a wave64 covers a D=256 fp32 row with four columns per lane, half the passes of a wave32.
-// Determinism without atomics also avoids MI300's cross-XCD atomic traffic on hot rows.
+// means a wave64 covers a D=256 fp32 row with one 16-byte vector per lane, half the loads of a wave32.
+// The wave-uniform values (a lookup's row addresses, the segment's row) are broadcast with
+// gpu::broadcast, a v_readlane into scalar registers on AMD: no LDS round trip, fewer vector registers,
+// and loads with a scalar base. Determinism without atomics also avoids MI300's cross-XCD atomic
+// traffic on hot rows.
+#include <cstdint>
+
 #include "hipdlrm/gpu/device_sort.h"
 #include "hipdlrm/gpu/launch.h"
 #include "hipdlrm/gpu/numeric.h"
+#include "hipdlrm/gpu/prefetch.h"
 #include "hipdlrm/gpu/reduce.h"
+#include "hipdlrm/gpu/wave_broadcast.h"
 #include "tbe_backward.h"
 #include "tbe_device.h"
 
@@ -45,15 +59,43 @@ namespace {
 
 using gpu::bfloat16_t;
 using gpu::half_t;
+using gpu::Pack;
 
 constexpr int kBlock = 256;
-constexpr int kBlocksPerSM = 8;
+constexpr int kBlocksPerSM = 8;  // grid cap of the elementwise kernels (flags, segment starts)
 constexpr std::size_t kAlign = 256;
+constexpr int kVec = 4;  // columns per lane vector: 16 bytes of fp32, 8 of fp16/bf16
+static_assert(static_cast<std::uint64_t>(kVec) == kRoundingGroup, "a lane's vector is one rounding group");
 #if defined(HIPDLRM_PLATFORM_HIP)
 constexpr gpu::status_t kWorkspaceTooSmall = hipErrorInvalidValue;
 #else
 constexpr gpu::status_t kWorkspaceTooSmall = cudaErrorInvalidValue;
 #endif
+
+// Blocks of the sorted stages (hot pieces, apply): small, so that the register budget below, not the
+// block granularity, sets how many waves fit.
+constexpr int kSegmentBlock = 128;
+
+// Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 4 (128
+// registers, 16 warps: what the kernels need without spilling; the L2 prefetch of the next rows, not
+// more warps, hides the memory latency), 3 for Adam with 4 vectors per lane. AMD takes no bound: hipcc's
+// second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves per SIMD there.
+template <int K, int kOpt>
+constexpr int segment_min_blocks() {
+  return kOpt == kAdam && K >= 4 ? 3 : 4;
+}
+#if defined(HIPDLRM_PLATFORM_HIP)
+#define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) __launch_bounds__(kSegmentBlock)
+#else
+#define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) __launch_bounds__(kSegmentBlock, MIN_BLOCKS)
+#endif
+
+// A lookup's bag (-1: it contributes nothing) and gradient scale (per-sample weight times 1/L for MEAN),
+// by position: one 8-byte load where the sorted stages follow a position.
+struct LookupInfo {
+  std::int32_t bag;
+  float scale;
+};
 
 std::size_t align_up(std::size_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
 
@@ -63,12 +105,11 @@ struct Workspace {
   std::uint64_t* keys_out;
   std::int32_t* pos_in;
   std::int32_t* pos_out;
-  std::int32_t* bag;      // [N] by position: the lookup's bag, -1 if it contributes nothing
-  float* scale;           // [N] by position: per-sample weight times 1/L for MEAN
-  std::int32_t* flags;    // [N] by sorted position: 1 where a segment starts
-  std::int32_t* seg_of;   // [N] by sorted position: inclusive scan of flags (segment + 1)
+  LookupInfo* info;         // [N] by position
+  std::int32_t* flags;      // [N] by sorted position: 1 where a segment starts
+  std::int32_t* seg_of;     // [N] by sorted position: inclusive scan of flags (segment + 1)
   std::int32_t* seg_start;  // [N + 1]
-  float* partials;        // [2 * ceil(N / kHotPiece) * max_D]
+  float* partials;          // [2 * ceil(N / kHotPiece) * max_D]
   void* sort_temp;
   std::size_t sort_bytes;
   void* scan_temp;
@@ -100,8 +141,7 @@ Workspace carve(const BackwardProblem<index_t>& p, void* base, gpu::stream_t str
   w.keys_out = static_cast<std::uint64_t*>(take(n * 8));
   w.pos_in = static_cast<std::int32_t*>(take(n * 4));
   w.pos_out = static_cast<std::int32_t*>(take(n * 4));
-  w.bag = static_cast<std::int32_t*>(take(n * 4));
-  w.scale = static_cast<float*>(take(n * 4));
+  w.info = static_cast<LookupInfo*>(take(n * sizeof(LookupInfo)));
   w.flags = static_cast<std::int32_t*>(take(n * 4));
   w.seg_of = static_cast<std::int32_t*>(take(n * 4));
   w.seg_start = static_cast<std::int32_t*>(take((n + 1) * 4));
@@ -118,6 +158,37 @@ Workspace carve(const BackwardProblem<index_t>& p, void* base, gpu::stream_t str
   return w;
 }
 
+// What the sorted stages (hot pieces, apply) read: the problem without its indices and offsets, so that
+// their kernels are compiled once for both index types.
+struct SegmentProblem {
+  const float* grad_output;
+  void* weights;
+  const std::int64_t* weights_offsets;
+  const std::int32_t* D_offsets;
+  const std::int64_t* row_offsets;
+  std::int64_t total_rows;
+  std::int64_t batch_size;
+  std::int64_t total_D;
+  std::int64_t max_D;
+  std::int64_t num_indices;
+  bool sequence;  // NONE pooling: the gradient row of a lookup is its own output row
+  float* momentum1;
+  float* momentum2;
+  OptimizerArgs optim;
+  float* grad_rows;
+  std::int64_t* segment_weight_offsets;
+  std::int32_t* segment_dims;
+};
+
+template <typename index_t>
+SegmentProblem segment_problem(const BackwardProblem<index_t>& p) {
+  return SegmentProblem{p.grad_output,  p.weights,     p.weights_offsets,        p.D_offsets,
+                        p.row_offsets,  p.total_rows,  p.batch_size,             p.total_D,
+                        p.max_D,        p.num_indices, p.pooling_mode == kNone,  p.momentum1,
+                        p.momentum2,    p.optim,       p.grad_rows,              p.segment_weight_offsets,
+                        p.segment_dims};
+}
+
 // ---- device helpers --------------------------------------------------------------------------------
 
 template <typename index_t>
@@ -131,42 +202,118 @@ HIPDLRM_DEVICE std::int64_t global_wave() {
 }
 HIPDLRM_DEVICE std::int64_t wave_count() { return static_cast<std::int64_t>(gridDim.x) * blockDim.x / gpu::kWaveSize; }
 
-template <typename W>
-HIPDLRM_DEVICE W round_weight(float v, const OptimizerArgs& o, std::uint64_t row, std::int64_t col);
-template <>
-HIPDLRM_DEVICE float round_weight<float>(float v, const OptimizerArgs&, std::uint64_t, std::int64_t) {
-  return v;
+HIPDLRM_DEVICE int lowest_lane(gpu::lane_mask_t m) { return __ffsll(static_cast<long long>(m)) - 1; }
+
+// The feature of bag g (0 <= g < T * B < 2^31, checked by the binding): a 32-bit division, not 64.
+HIPDLRM_DEVICE std::int64_t feature_of(std::int64_t batch_size, std::int64_t g) {
+  return static_cast<std::uint32_t>(g) / static_cast<std::uint32_t>(batch_size);
 }
-template <>
-HIPDLRM_DEVICE half_t round_weight<half_t>(float v, const OptimizerArgs& o, std::uint64_t row, std::int64_t col) {
-  if (o.stochastic_rounding) v = stochastic_round_fp16(v, rounding_bits(o.seed, o.step, row, col));
-  return gpu::from_float<half_t>(v);
+
+// First column of the lane's k-th vector, relative to the start of a chunk.
+HIPDLRM_DEVICE int lane_col(int lane, int k) { return (lane + k * gpu::kWaveSize) * kVec; }
+
+// Columns of a row (or a lookup's gradient row) left from chunk column col0 on, as a 32-bit count: both
+// are below 2^31 (D_offsets are int32), so the difference fits; <= 0 means none.
+HIPDLRM_DEVICE int cols_from(std::int64_t cols, std::int64_t col0) { return static_cast<int>(cols - col0); }
+
+// Rows in flight per lane in the summing loops: about 8 vector loads outstanding whatever K.
+template <int K>
+constexpr int rows_in_flight() {
+  return 8 / K;
 }
-template <>
-HIPDLRM_DEVICE bfloat16_t round_weight<bfloat16_t>(float v, const OptimizerArgs& o, std::uint64_t row,
-                                                   std::int64_t col) {
-  if (o.stochastic_rounding) v = stochastic_round_bf16(v, rounding_bits(o.seed, o.step, row, col));
-  return gpu::from_float<bfloat16_t>(v);
+
+// Columns [col, col + 4) of a row of T with `cols` columns, as raw storage: one vector load when `whole`
+// (the row starts on a vector boundary and cols is a multiple of 4), else element by element; zeros
+// past `cols`.
+template <typename T>
+HIPDLRM_DEVICE Pack<T, kVec> load_cols(const T* row, int col, int cols, bool whole) {
+  static_assert(sizeof(Pack<T, kVec>) == sizeof(T) * kVec, "a pack is exactly its elements");
+  if (whole) return col < cols ? gpu::load_pack<T, kVec>(row + col) : gpu::zero_pack<T, kVec>();
+  T v[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v[e] = col + e < cols ? row[col + e] : T{};
+  Pack<T, kVec> out;
+  memcpy(&out, v, sizeof(v));
+  return out;
+}
+
+// Stores the columns of [col, col + 4) below `cols`: one vector store when `whole` (as for load_cols).
+template <typename T>
+HIPDLRM_DEVICE void store_cols(T* row, int col, int cols, bool whole, const T (&v)[kVec]) {
+  if (whole) {
+    if (col < cols) {
+      Pack<T, kVec> pack;
+      memcpy(&pack, v, sizeof(v));
+      using Raw = typename Pack<T, kVec>::Raw;
+#pragma unroll
+      for (int i = 0; i < Pack<T, kVec>::kCount; ++i) reinterpret_cast<Raw*>(row + col)[i] = pack.raw[i];
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e)
+    if (col + e < cols) row[col + e] = v[e];
 }
 
 // ---- stage 1: keys -------------------------------------------------------------------------------------
 
+// The first g in [0, bags] whose clamped offset is past x (bags + 1 if none): the bag after the one that
+// holds x when the offsets do not decrease. For other offsets it is some g in [0, bags + 1]; callers
+// check that the bag before it really holds x.
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t bag_after(const BackwardProblem<index_t>& p, std::int64_t bags, std::int64_t x) {
+  std::int64_t lo = 0, hi = bags + 1;
+  while (lo < hi) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (clamped_offset(p, mid) <= x) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// bag_after for one wave-uniform x, searched by the whole wave: W evenly spaced probes per step cut the
+// candidates to 1/W (the answer lies after the last probe not past x and at or before the first past it).
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t wave_bag_after(const BackwardProblem<index_t>& p, std::int64_t bags, std::int64_t x) {
+  const int lane = gpu::lane_id();
+  std::int64_t lo = 0, hi = bags + 1;
+  while (lo < hi) {
+    const std::int64_t step = (hi - lo + gpu::kWaveSize - 1) / gpu::kWaveSize;
+    const std::int64_t g = lo + static_cast<std::int64_t>(lane) * step;
+    const bool probe = g < hi;
+    const gpu::lane_mask_t probes = gpu::ballot(probe);
+    const gpu::lane_mask_t past = gpu::ballot(probe && clamped_offset(p, g) > x);
+    if (past == 0) {
+      lo += static_cast<std::int64_t>(gpu::popcount(probes) - 1) * step + 1;
+    } else {
+      const int f = lowest_lane(past);
+      hi = lo + static_cast<std::int64_t>(f) * step;
+      if (f > 0) lo = hi - step + 1;
+    }
+  }
+  return lo;
+}
+
 template <typename index_t>
 __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index_t> p, Workspace w) {
+  const int lane = gpu::lane_id();
+  const std::int64_t n = p.num_indices;
   const std::int64_t bags = p.num_features * p.batch_size;
   const std::uint64_t sentinel = static_cast<std::uint64_t>(p.total_rows);
   const bool sequence = p.pooling_mode == kNone;
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.num_indices;
-       i += stride) {
-    // First bag whose (clamped) start is past i, minus one: the bag holding i if offsets are valid; the
-    // check after it keeps any result memory-safe when they are not.
-    std::int64_t lo = 0, hi = bags + 1;
-    while (lo < hi) {
-      const std::int64_t mid = (lo + hi) / 2;
-      if (clamped_offset(p, mid) <= i) lo = mid + 1; else hi = mid;
-    }
-    const std::int64_t g = lo - 1;
+  for (std::int64_t i0 = global_wave() * gpu::kWaveSize; i0 < n; i0 += wave_count() * gpu::kWaveSize) {
+    const std::int64_t i = i0 + lane;
+    // Lane l holds the start of the l-th bag after the one holding i0; a lane's bag is that one plus the
+    // number of these starts at or before its position (a binary search over the lanes). Only when
+    // empty bags put W starts inside the wave's span does a lane search the offsets itself.
+    const std::int64_t after = wave_bag_after(p, bags, i0);
+    const std::int64_t next = after + lane <= bags ? clamped_offset(p, after + lane) : INT64_MAX;
+    int count = 0;
+#pragma unroll
+    for (int b = gpu::kWaveSize / 2; b >= 1; b /= 2)
+      if (gpu::shfl(next, count + b - 1) <= i) count += b;
+    const bool beyond = gpu::broadcast(next, gpu::kWaveSize - 1) <= i;
+    if (i >= n) continue;
+    const std::int64_t g = beyond ? bag_after(p, bags, i) - 1 : after - 1 + count;
     bool valid = g >= 0 && g < bags;
     std::int64_t key = 0, len = 1;
     if (valid) {
@@ -175,7 +322,7 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
       len = end - start;
     }
     if (valid) {
-      const std::int64_t t = g / p.batch_size;
+      const std::int64_t t = feature_of(p.batch_size, g);
       const std::int64_t d0 = p.D_offsets[t];
       const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
       const std::int64_t idx = static_cast<std::int64_t>(p.indices[i]);
@@ -184,39 +331,118 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
               idx < safe_rows(p, t) && ro >= 0 && ro < p.total_rows - idx;
       key = ro + idx;
     }
-    w.keys_in[i] = valid ? static_cast<std::uint64_t>(key) : sentinel;
-    w.pos_in[i] = static_cast<std::int32_t>(i);
-    w.bag[i] = valid ? static_cast<std::int32_t>(g) : -1;
     float s = 0.0f;
     if (valid) {
       s = p.per_sample_weights != nullptr ? p.per_sample_weights[i] : 1.0f;
       if (p.pooling_mode == kMean) s *= 1.0f / static_cast<float>(len);
     }
-    w.scale[i] = s;
+    w.keys_in[i] = valid ? static_cast<std::uint64_t>(key) : sentinel;
+    w.pos_in[i] = static_cast<std::int32_t>(i);
+    w.info[i] = LookupInfo{valid ? static_cast<std::int32_t>(g) : -1, s};
   }
 }
 
 // ---- stage 2: per-sample-weight gradient ----------------------------------------------------------
 
+constexpr int kDotVecs = 2;  // vectors per lane per pass of the per-sample-weight kernel
+constexpr int kDotRows = 2;  // lookups in flight: kDotRows * kDotVecs * 2 loads per lane
+
+// dot[u] = this lane's part of dot(gradient row, weight row) of lookup e0 + u of the wave's W (element
+// offsets go and wo and dim cols held by lane e0 + u). U = kDotRows lookups at once when kWhole, else 1.
+template <bool kWhole, int U, typename W>
+HIPDLRM_DEVICE void lane_dots(const float* grad, const W* weights, std::int64_t go, std::int64_t wo, std::int32_t cols,
+                              int e0, std::int64_t max_D, float (&dot)[U]) {
+  constexpr std::int64_t kPass = static_cast<std::int64_t>(kDotVecs) * gpu::kWaveSize * kVec;
+  const int lane = gpu::lane_id();
+  const float* g_row[U];
+  const W* w_row[U];
+  std::int32_t c[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    g_row[u] = grad + gpu::broadcast(go, e0 + u);
+    w_row[u] = weights + gpu::broadcast(wo, e0 + u);
+    c[u] = gpu::broadcast(cols, e0 + u);
+    dot[u] = 0.0f;
+  }
+  for (std::int64_t col0 = 0; col0 < max_D; col0 += kPass) {
+    Pack<float, kVec> gp[U][kDotVecs];
+    Pack<W, kVec> wp[U][kDotVecs];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int left = cols_from(c[u], col0);
+#pragma unroll
+      for (int k = 0; k < kDotVecs; ++k) {
+        gp[u][k] = load_cols(g_row[u] + col0, lane_col(lane, k), left, kWhole);
+        wp[u][k] = load_cols(w_row[u] + col0, lane_col(lane, k), left, kWhole);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int left = cols_from(c[u], col0);
+#pragma unroll
+      for (int k = 0; k < kDotVecs; ++k) {
+        const int col = lane_col(lane, k);
+        float gv[kVec], wv[kVec];
+        gpu::unpack_to_float(gp[u][k], gv);
+        gpu::unpack_to_float(wp[u][k], wv);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (col + e < left) dot[u] = fmaf(gv[e], wv[e], dot[u]);
+      }
+    }
+  }
+}
+
 template <typename W, typename index_t>
 __global__ void __launch_bounds__(kBlock) psw_grad_kernel(BackwardProblem<index_t> p, Workspace w) {
+  static_assert(gpu::kWaveSize % kDotRows == 0, "lookup groups tile the wave");
   const int lane = gpu::lane_id();
+  const std::int64_t n = p.num_indices;
   const bool sequence = p.pooling_mode == kNone;
   const W* weights = static_cast<const W*>(p.weights);
-  for (std::int64_t i = global_wave(); i < p.num_indices; i += wave_count()) {
-    const std::int32_t g = w.bag[i];
-    float part = 0.0f, inv_len = 1.0f;
-    if (g >= 0) {
-      const std::int64_t t = g / p.batch_size;
-      const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - p.D_offsets[t];
-      const std::int64_t idx = static_cast<std::int64_t>(w.keys_in[i]) - p.row_offsets[t];
-      const W* row = weights + p.weights_offsets[t] + idx * D;
-      const float* go = p.grad_output + (sequence ? i * p.max_D : (g - t * p.batch_size) * p.total_D + p.D_offsets[t]);
-      for (std::int64_t d = lane; d < D; d += gpu::kWaveSize) part = fmaf(go[d], gpu::to_float(row[d]), part);
-      if (p.pooling_mode == kMean) inv_len = 1.0f / static_cast<float>(clamped_offset(p, g + 1) - clamped_offset(p, g));
+  const bool aligned = gpu::is_aligned(p.grad_output, 16) && gpu::is_aligned(weights, kVec * sizeof(W));
+  for (std::int64_t i0 = global_wave() * gpu::kWaveSize; i0 < n; i0 += wave_count() * gpu::kWaveSize) {
+    const std::int64_t i = i0 + lane;
+    std::int64_t go = 0, wo = 0;
+    std::int32_t cols = 0;
+    float inv_len = 0.0f;
+    if (i < n) {
+      const LookupInfo info = w.info[i];
+      if (info.bag >= 0) {
+        const std::int64_t g = info.bag;
+        const std::int64_t t = feature_of(p.batch_size, g);
+        const std::int64_t d0 = p.D_offsets[t];
+        const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
+        go = sequence ? i * p.max_D : (g - t * p.batch_size) * p.total_D + d0;
+        wo = p.weights_offsets[t] + (static_cast<std::int64_t>(w.keys_in[i]) - p.row_offsets[t]) * D;
+        cols = static_cast<std::int32_t>(D);
+        inv_len = p.pooling_mode == kMean
+                      ? 1.0f / static_cast<float>(clamped_offset(p, g + 1) - clamped_offset(p, g))
+                      : 1.0f;
+      }
     }
-    part = gpu::wave_reduce(part, gpu::SumOp());
-    if (lane == 0) p.grad_per_sample_weights[i] = g >= 0 ? part * inv_len : 0.0f;
+    const bool whole = aligned && gpu::ballot(cols % kVec != 0 || go % kVec != 0 || wo % kVec != 0) == 0;
+    const int count = n - i0 < gpu::kWaveSize ? static_cast<int>(n - i0) : gpu::kWaveSize;
+    float mine = 0.0f;
+    if (whole) {
+      for (int e0 = 0; e0 < count; e0 += kDotRows) {
+        float dot[kDotRows];
+        lane_dots<true>(p.grad_output, weights, go, wo, cols, e0, p.max_D, dot);
+#pragma unroll
+        for (int u = 0; u < kDotRows; ++u) {
+          const float total = gpu::wave_reduce(dot[u], gpu::SumOp());
+          if (lane == e0 + u) mine = total;
+        }
+      }
+    } else {
+      for (int e0 = 0; e0 < count; ++e0) {
+        float dot[1];
+        lane_dots<false>(p.grad_output, weights, go, wo, cols, e0, p.max_D, dot);
+        const float total = gpu::wave_reduce(dot[0], gpu::SumOp());
+        if (lane == e0) mine = total;
+      }
+    }
+    if (i < n) p.grad_per_sample_weights[i] = mine * inv_len;
   }
 }
 
@@ -228,6 +454,7 @@ __global__ void __launch_bounds__(kBlock) flag_kernel(Workspace w, std::int64_t 
     w.flags[j] = (j == 0 || w.keys_out[j] != w.keys_out[j - 1]) ? 1 : 0;
 }
 
+// Also writes the segment count (the thread of the last position always exists, so no memset is needed).
 __global__ void __launch_bounds__(kBlock) starts_kernel(Workspace w, std::int64_t n, std::int32_t* num_segments) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; j < n; j += stride) {
@@ -239,45 +466,164 @@ __global__ void __launch_bounds__(kBlock) starts_kernel(Workspace w, std::int64_
   }
 }
 
-// ---- summing lookups ------------------------------------------------------------------------------------
+// ---- the lookup cache: metadata of W sorted lookups --------------------------------------------------
 
-// acc[k] = sum over sorted positions [lo, hi), in order, of scale * grad row[col0 + lane + k*W] (0 for a
-// column past the lookup's dim). Every lane of the wave calls it with the same arguments.
-template <int K, typename index_t>
-HIPDLRM_DEVICE void sum_lookups(const BackwardProblem<index_t>& p, const Workspace& w, std::int64_t lo,
-                                std::int64_t hi, std::int64_t col0, float (&acc)[K]) {
-  const int lane = gpu::lane_id();
-  const bool sequence = p.pooling_mode == kNone;
-#pragma unroll
-  for (int k = 0; k < K; ++k) acc[k] = 0.0f;
-  for (std::int64_t j0 = lo; j0 < hi; j0 += gpu::kWaveSize) {
-    const int count = static_cast<int>(hi - j0 < gpu::kWaveSize ? hi - j0 : gpu::kWaveSize);
-    std::int64_t base = 0;
-    std::int32_t cols = 0;
-    float scale = 0.0f;
-    if (lane < count) {
-      const std::int32_t pos = w.pos_out[j0 + lane];
-      const std::int32_t g = w.bag[pos];
-      const std::int32_t t = g / static_cast<std::int32_t>(p.batch_size);  // T * B < 2^31 (checked)
-      const std::int32_t d0 = p.D_offsets[t];
-      base = sequence ? static_cast<std::int64_t>(pos) * p.max_D
-                      : (static_cast<std::int64_t>(g) - static_cast<std::int64_t>(t) * p.batch_size) * p.total_D + d0;
-      cols = p.D_offsets[t + 1] - d0;
-      scale = w.scale[pos];
+// Lane l describes sorted position c0 + l. `whole`: every lookup held that contributes has a gradient
+// row of whole vectors on vector boundaries (so the wave takes the vector path for all of them).
+struct LookupCache {
+  std::int64_t c0;
+  std::int64_t prefetched;  // sorted positions below this have had their rows prefetched (wave-uniform)
+  std::uint64_t key;   // its row (total_rows for a lookup that contributes nothing)
+  std::int64_t grad;   // element offset of its gradient row in grad_output
+  std::int64_t row;    // element offset of its weight row
+  std::int32_t cols;   // its feature's dim (0 for a lookup that contributes nothing)
+  float scale;
+  bool whole;
+};
+
+HIPDLRM_DEVICE LookupCache empty_cache() {
+  LookupCache c{};
+  c.c0 = INT64_MIN / 2;  // holds nothing: every request refills it
+  c.prefetched = INT64_MIN / 2;
+  return c;
+}
+
+HIPDLRM_DEVICE void fill_cache(const SegmentProblem& p, const Workspace& w, std::int64_t c0, LookupCache& c) {
+  const std::int64_t j = c0 + gpu::lane_id();
+  c.c0 = c0;
+  if (c.prefetched < c0) c.prefetched = c0;
+  c.key = static_cast<std::uint64_t>(p.total_rows);
+  c.grad = 0;
+  c.row = 0;
+  c.cols = 0;
+  c.scale = 0.0f;
+  if (j < p.num_indices) {
+    const std::int32_t pos = w.pos_out[j];
+    c.key = w.keys_out[j];
+    const LookupInfo info = w.info[pos];
+    if (info.bag >= 0) {
+      const std::int64_t g = info.bag;
+      const std::int64_t t = feature_of(p.batch_size, g);
+      const std::int64_t d0 = p.D_offsets[t];
+      const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
+      c.grad = p.sequence ? static_cast<std::int64_t>(pos) * p.max_D : (g - t * p.batch_size) * p.total_D + d0;
+      c.row = p.weights_offsets[t] + (static_cast<std::int64_t>(c.key) - p.row_offsets[t]) * D;
+      c.cols = static_cast<std::int32_t>(D);
+      c.scale = info.scale;
     }
-    for (int e = 0; e < count; ++e) {
-      const std::int64_t b = gpu::shfl(base, e);
-      const std::int32_t c = gpu::shfl(cols, e);
-      const float s = gpu::shfl(scale, e);
-      const float* row = p.grad_output + b;
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const std::int64_t col = col0 + lane + k * gpu::kWaveSize;
-        if (col < c) acc[k] = fmaf(s, row[col], acc[k]);
+  }
+  c.whole = gpu::is_aligned(p.grad_output, 16) && gpu::ballot(c.cols % kVec != 0 || c.grad % kVec != 0) == 0;
+}
+
+// Makes the cache hold sorted positions [j, j + m) (m <= W), refilling it from j if it does not.
+HIPDLRM_DEVICE void ensure_cached(const SegmentProblem& p, const Workspace& w, std::int64_t j, std::int64_t m,
+                                  LookupCache& c) {
+  if (j < c.c0 || j + m > c.c0 + gpu::kWaveSize) fill_cache(p, w, j, c);
+}
+
+// How far ahead of the rows being summed a wave prefetches: about as many rows as it has in flight.
+template <int K>
+constexpr int prefetch_ahead_rows() {
+  return 8 / K;
+}
+
+// Prefetches into L2 the rows of the cached lookups at sorted positions [c.prefetched, end), end =
+// min(target, the cache's end): each lane its own lookup's gradient row and, with kOpt an optimizer, the
+// weight row (and state) of a lookup that starts a segment. The loads of the next lookups and segments
+// then find their rows in L2 while the wave still waits on the current ones (a no-op on AMD, see
+// gpu::prefetch_l2). Every lane of the wave calls it alike.
+template <typename W, int kOpt>
+HIPDLRM_DEVICE void prefetch_rows(const SegmentProblem& p, LookupCache& c, std::int64_t target) {
+  const std::int64_t end = target < c.c0 + gpu::kWaveSize ? target : c.c0 + gpu::kWaveSize;
+  if (c.prefetched >= end) return;
+  const int lane = gpu::lane_id();
+  const std::int64_t j = c.c0 + lane;
+  const std::uint64_t previous = gpu::shfl(c.key, lane > 0 ? lane - 1 : 0);
+  if (j >= c.prefetched && j < end && c.cols > 0) {
+    gpu::prefetch_l2(p.grad_output + c.grad, static_cast<std::uint64_t>(c.cols) * sizeof(float));
+    if constexpr (kOpt != kWriteGradient) {
+      if (lane == 0 || previous != c.key) {
+        gpu::prefetch_l2(static_cast<const W*>(p.weights) + c.row, static_cast<std::uint64_t>(c.cols) * sizeof(W));
+        if constexpr (kOpt == kAdam) {
+          gpu::prefetch_l2(p.momentum1 + c.row, static_cast<std::uint64_t>(c.cols) * sizeof(float));
+          gpu::prefetch_l2(p.momentum2 + c.row, static_cast<std::uint64_t>(c.cols) * sizeof(float));
+        }
+        if constexpr (kOpt == kRowwiseAdagrad) {
+          // The 16 bytes around the row's state, when they lie inside the state tensor.
+          const std::int64_t first = static_cast<std::int64_t>(c.key) & ~std::int64_t{3};
+          if (gpu::is_aligned(p.momentum1, 16) && first + 4 <= p.total_rows) gpu::prefetch_l2(p.momentum1 + first, 16);
+        }
       }
     }
   }
+  c.prefetched = end;
 }
+
+// ---- summing lookups ------------------------------------------------------------------------------------
+
+// acc[k][e] += scale * gradient column col0 + lane_col(lane, k) + e of the cached lookups j .. j + m - 1
+// (m <= U), in that order; columns past a lookup's dim are left alone. All rows are loaded first.
+template <bool kWhole, int U, int K>
+HIPDLRM_DEVICE void add_lookups(const float* grad, const LookupCache& c, std::int64_t j, int m, std::int64_t col0,
+                                float (&acc)[K][kVec]) {
+  const int lane = gpu::lane_id();
+  const int first = static_cast<int>(j - c.c0);
+  Pack<float, kVec> x[U][K];
+  int left[U];
+  float scale[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int src = first + (u < m ? u : 0);
+    const float* row = grad + gpu::broadcast(c.grad, src) + col0;
+    const int cols = cols_from(gpu::broadcast(c.cols, src), col0);
+    left[u] = u < m ? cols : 0;
+    scale[u] = gpu::broadcast(c.scale, src);
+#pragma unroll
+    for (int k = 0; k < K; ++k) x[u][k] = load_cols(row, lane_col(lane, k), left[u], kWhole);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int col = lane_col(lane, k);
+      float v[kVec];
+      gpu::unpack_to_float(x[u][k], v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e)
+        if (col + e < left[u]) acc[k][e] = fmaf(scale[u], v[e], acc[k][e]);
+    }
+  }
+}
+
+// acc = sum over sorted positions [lo, hi), in order, of scale * gradient row (the lane's columns of the
+// chunk at col0; 0 for a column past the lookup's dim). Every lane of the wave calls it alike. Rows of
+// whole vectors go U at a time; others (dims or starts not a multiple of 4) one at a time. Rows up to
+// prefetch_limit (the end of the wave's work) are prefetched a group ahead.
+template <typename W, int K, int kOpt>
+HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
+                                std::int64_t hi, std::int64_t col0, std::int64_t prefetch_limit,
+                                float (&acc)[K][kVec]) {
+  constexpr int U = rows_in_flight<K>();
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[k][e] = 0.0f;
+  for (std::int64_t j = lo; j < hi;) {
+    const int m = hi - j < U ? static_cast<int>(hi - j) : U;
+    ensure_cached(p, w, j, m, c);
+    const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
+    prefetch_rows<W, kOpt>(p, c, ahead < prefetch_limit ? ahead : prefetch_limit);
+    if (c.whole) {
+      add_lookups<true, U>(p.grad_output, c, j, m, col0, acc);
+      j += m;
+    } else {
+      add_lookups<false, 1>(p.grad_output, c, j, 1, col0, acc);
+      ++j;
+    }
+  }
+}
+
+// ---- stage 5: hot pieces --------------------------------------------------------------------------
 
 // The segment containing sorted position j: [start, end) and its key.
 struct Segment {
@@ -290,22 +636,18 @@ HIPDLRM_DEVICE Segment segment_at(const Workspace& w, std::int64_t s) {
   return {start, static_cast<std::int64_t>(w.seg_start[s + 1]), w.keys_out[start]};
 }
 
-// Feature and dim of a segment's row, from its first lookup.
-template <typename index_t>
-HIPDLRM_DEVICE void segment_row(const BackwardProblem<index_t>& p, const Workspace& w, const Segment& seg,
-                                std::int64_t& t, std::int64_t& D) {
-  t = w.bag[w.pos_out[seg.start]] / p.batch_size;
-  D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - p.D_offsets[t];
-}
+// Partial rows start on vector boundaries (the workspace is aligned) when max_D is a multiple of 4.
+HIPDLRM_DEVICE bool partials_whole(std::int64_t max_D, std::int64_t D) { return max_D % kVec == 0 && D % kVec == 0; }
 
-// ---- stage 5: hot pieces --------------------------------------------------------------------------
-
-template <int K, typename index_t>
-__global__ void __launch_bounds__(kBlock) hot_pieces_kernel(BackwardProblem<index_t> p, Workspace w) {
+template <int K>
+__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kWriteGradient>()))
+    hot_pieces_kernel(SegmentProblem p, Workspace w) {
+  constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize * kVec;
   const int lane = gpu::lane_id();
   const std::int64_t n = p.num_indices;
   const std::int64_t items = 2 * ((n + kHotPiece - 1) / kHotPiece);
   const std::uint64_t sentinel = static_cast<std::uint64_t>(p.total_rows);
+  LookupCache c = empty_cache();
   for (std::int64_t item = global_wave(); item < items; item += wave_count()) {
     const std::int64_t m = item / 2, first = m * kHotPiece;
     const std::int64_t last = (first + kHotPiece < n ? first + kHotPiece : n) - 1;
@@ -315,173 +657,373 @@ __global__ void __launch_bounds__(kBlock) hot_pieces_kernel(BackwardProblem<inde
     if (starts_inside != (seg.start >= first)) continue;  // the other item of this block owns it
     const std::int64_t lo = seg.start > first ? seg.start : first;
     const std::int64_t hi = seg.end < last + 1 ? seg.end : last + 1;
-    std::int64_t t, D;
-    segment_row(p, w, seg, t, D);
+    // The row's dim is its first lookup's, as in the apply stage.
+    ensure_cached(p, w, seg.start, 1, c);
+    const std::int64_t D = gpu::broadcast(c.cols, static_cast<int>(seg.start - c.c0));
     float* out = w.partials + item * p.max_D;
-    for (std::int64_t col0 = 0; col0 < D; col0 += K * gpu::kWaveSize) {
-      float acc[K];
-      sum_lookups<K>(p, w, lo, hi, col0, acc);
+    const bool whole = partials_whole(p.max_D, D);
+    for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
+      float acc[K][kVec];
+      sum_lookups<float, K, kWriteGradient>(p, w, c, lo, hi, col0, hi, acc);
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const std::int64_t col = col0 + lane + k * gpu::kWaveSize;
-        if (col < D) out[col] = acc[k];
-      }
+      for (int k = 0; k < K; ++k) store_cols(out + col0, lane_col(lane, k), cols_from(D, col0), whole, acc[k]);
     }
   }
 }
 
 // ---- stage 6: apply -----------------------------------------------------------------------------------
 
-// The summed gradient of columns [col0, col0 + K*W) of a segment's row.
-template <int K, typename index_t>
-HIPDLRM_DEVICE void row_gradient(const BackwardProblem<index_t>& p, const Workspace& w, const Segment& seg,
-                                 std::int64_t D, std::int64_t col0, float (&acc)[K]) {
-  if (seg.end - seg.start <= kHotPiece) {
-    sum_lookups<K>(p, w, seg.start, seg.end, col0, acc);
-    return;
-  }
+// acc += the partial rows of pieces m0 .. m0 + U - 1 (those <= m_last), in order.
+template <bool kWhole, int U, int K>
+HIPDLRM_DEVICE void add_pieces(const float* partials, std::int64_t max_D, std::int64_t m0, std::int64_t m_first,
+                               std::int64_t m_last, int left, float (&acc)[K][kVec]) {
   const int lane = gpu::lane_id();
+  Pack<float, kVec> part[U][K];
 #pragma unroll
-  for (int k = 0; k < K; ++k) acc[k] = 0.0f;
-  const std::int64_t m_first = seg.start / kHotPiece, m_last = (seg.end - 1) / kHotPiece;
-  for (std::int64_t m = m_first; m <= m_last; ++m) {
+  for (int u = 0; u < U; ++u) {
+    const std::int64_t m = m0 + u <= m_last ? m0 + u : m_last;
     const std::int64_t slot = m == m_first ? 2 * m + 1 : 2 * m;  // see hot_pieces_kernel's ownership rule
-    const float* part = w.partials + slot * p.max_D;
+    const float* row = partials + slot * max_D;
+#pragma unroll
+    for (int k = 0; k < K; ++k) part[u][k] = load_cols(row, lane_col(lane, k), m0 + u <= m_last ? left : 0, kWhole);
+  }
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    if (m0 + u > m_last) break;
 #pragma unroll
     for (int k = 0; k < K; ++k) {
-      const std::int64_t col = col0 + lane + k * gpu::kWaveSize;
-      if (col < D) acc[k] += part[col];
+      float v[kVec];
+      gpu::unpack_to_float(part[u][k], v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[k][e] += v[e];
     }
   }
 }
 
-template <typename W, int K, typename index_t>
-__global__ void __launch_bounds__(kBlock) apply_kernel(BackwardProblem<index_t> p, Workspace w,
-                                                       const std::int32_t* num_segments) {
+// A hot segment's gradient (chunk at col0): its pieces' partial rows added in order to zero.
+template <int K>
+HIPDLRM_DEVICE void sum_pieces(const Workspace& w, std::int64_t max_D, std::int64_t lo, std::int64_t hi,
+                               std::int64_t D, std::int64_t col0, float (&acc)[K][kVec]) {
+  constexpr int U = rows_in_flight<K>();
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[k][e] = 0.0f;
+  const std::int64_t m_first = lo / kHotPiece, m_last = (hi - 1) / kHotPiece;
+  const int left = cols_from(D, col0);
+  if (partials_whole(max_D, D)) {
+    for (std::int64_t m0 = m_first; m0 <= m_last; m0 += U)
+      add_pieces<true, U>(w.partials + col0, max_D, m0, m_first, m_last, left, acc);
+  } else {
+    for (std::int64_t m0 = m_first; m0 <= m_last; ++m0)
+      add_pieces<false, 1>(w.partials + col0, max_D, m0, m_first, m_last, left, acc);
+  }
+}
+
+// The summed gradient of the chunk at col0 of the segment [lo, hi) of sorted positions.
+template <typename W, int K, int kOpt>
+HIPDLRM_DEVICE void row_gradient(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
+                                 std::int64_t hi, std::int64_t D, std::int64_t col0, std::int64_t prefetch_limit,
+                                 float (&acc)[K][kVec]) {
+  if (hi - lo <= kHotPiece) sum_lookups<W, K, kOpt>(p, w, c, lo, hi, col0, prefetch_limit, acc);
+  else sum_pieces<K>(w, p.max_D, lo, hi, D, col0, acc);
+}
+
+template <typename W>
+HIPDLRM_DEVICE void round_vector(const float (&v)[kVec], const OptimizerArgs& o, std::uint64_t row_state,
+                                 std::int64_t col, W (&out)[kVec]) {
+  float r[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) r[e] = v[e];
+  if constexpr (!std::is_same<W, float>::value) {
+    if (o.stochastic_rounding) {
+      const std::uint64_t bits = rounding_group_bits(row_state, static_cast<std::uint64_t>(col) / kRoundingGroup);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        const std::uint32_t b = static_cast<std::uint32_t>(bits >> (16 * e)) & 0xffffu;
+        r[e] = std::is_same<W, half_t>::value ? stochastic_round_fp16(r[e], b) : stochastic_round_bf16(r[e], b);
+      }
+    }
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) out[e] = gpu::from_float<W>(r[e]);
+}
+
+// A row's weights (and Adam's states) in one chunk, as raw storage: loaded before the gradient is summed,
+// converted when the update needs them.
+template <typename W, int K, int kOpt>
+struct RowState {
+  Pack<W, kVec> w[K];
+  Pack<float, kVec> m1[kOpt == kAdam ? K : 1];
+  Pack<float, kVec> m2[kOpt == kAdam ? K : 1];
+};
+
+// The segment's row: its weights (and Adam's states) from element offset `offset`, and how they move.
+template <typename W>
+struct RowRef {
+  W* w;
+  float* m1;
+  float* m2;
+  bool w_whole, m_whole;
+};
+
+template <typename W, int K, int kOpt>
+HIPDLRM_DEVICE void load_row(const RowRef<W>& ref, std::int64_t col0, int left, RowState<W, K, kOpt>& r) {
   const int lane = gpu::lane_id();
-  const std::int64_t segments = *num_segments;
-  const std::uint64_t sentinel = static_cast<std::uint64_t>(p.total_rows);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    r.w[k] = load_cols(ref.w + col0, lane_col(lane, k), left, ref.w_whole);
+    if constexpr (kOpt == kAdam) {
+      r.m1[k] = load_cols(ref.m1 + col0, lane_col(lane, k), left, ref.m_whole);
+      r.m2[k] = load_cols(ref.m2 + col0, lane_col(lane, k), left, ref.m_whole);
+    }
+  }
+}
+
+// The optimizer's update of the lane's k-th vector of the chunk at col0, from its summed gradient g.
+template <typename W, int K, int kOpt>
+HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, std::int64_t col0, int left,
+                                  const RowState<W, K, kOpt>& r, int k, const float (&g_in)[kVec], float multiplier,
+                                  std::uint64_t row_state) {
+  const int col = lane_col(gpu::lane_id(), k);
+  if (col >= left) return;
+  float wv[kVec], next[kVec], mv[kVec], vv[kVec];
+  gpu::unpack_to_float(r.w[k], wv);
+  if constexpr (kOpt == kAdam) {
+    gpu::unpack_to_float(r.m1[k], mv);
+    gpu::unpack_to_float(r.m2[k], vv);
+  }
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    const float x = wv[e];
+    float g = g_in[e];
+    if constexpr (kOpt == kSgd) {
+      if (o.weight_decay_mode != kDecayNone) g = fmaf(o.weight_decay, x, g);
+      next[e] = x - o.learning_rate * g;
+    } else if constexpr (kOpt == kRowwiseAdagrad) {
+      if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, x, g);
+      next[e] = x - multiplier * g;
+      if (o.weight_decay_mode == kDecayDecoupled) next[e] -= o.learning_rate * o.weight_decay * x;
+    } else {
+      if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, x, g);
+      const float m = o.beta1 * mv[e] + (1.0f - o.beta1) * g;
+      const float v = o.beta2 * vv[e] + (1.0f - o.beta2) * g * g;
+      mv[e] = m;
+      vv[e] = v;
+      next[e] = x - o.learning_rate * ((m / o.bias_correction1) / (sqrtf(v / o.bias_correction2) + o.eps));
+      if (o.weight_decay_mode == kDecayDecoupled) next[e] -= o.learning_rate * o.weight_decay * x;
+    }
+  }
+  W out[kVec];
+  round_vector<W>(next, o, row_state, col0 + col, out);
+  store_cols(ref.w + col0, col, left, ref.w_whole, out);
+  if constexpr (kOpt == kAdam) {
+    store_cols(ref.m1 + col0, col, left, ref.m_whole, mv);
+    store_cols(ref.m2 + col0, col, left, ref.m_whole, vv);
+  }
+}
+
+// One segment (sorted positions [lo, hi), segment number s): its summed gradient written out
+// (kWriteGradient) or applied to its row by optimizer kOpt. Every lane of the wave calls it alike; rows
+// before sorted position `limit` (the end of the wave's batch of segments) may be prefetched.
+template <typename W, int K, int kOpt>
+HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t s,
+                                  std::int64_t lo, std::int64_t hi, std::int64_t limit) {
+  constexpr int U = rows_in_flight<K>();
+  constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize * kVec;
+  const int lane = gpu::lane_id();
   const OptimizerArgs& o = p.optim;
-  constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize;
-  for (std::int64_t s = global_wave(); s < segments; s += wave_count()) {
-    const Segment seg = segment_at(w, s);
-    if (seg.key == sentinel) {
-      if (o.optimizer == kWriteGradient && lane == 0) {
-        p.segment_weight_offsets[s] = 0;
-        p.segment_dims[s] = 0;
-      }
-      continue;
-    }
-    std::int64_t t, D;
-    segment_row(p, w, seg, t, D);
-    const std::int64_t row_offset = p.weights_offsets[t] + (static_cast<std::int64_t>(seg.key) - p.row_offsets[t]) * D;
-    W* row = static_cast<W*>(p.weights) + row_offset;
-    const bool single_chunk = D <= kChunk;
-    float acc[K];
+  // The row, its dim and its weight offset are the first lookup's; a summed segment's first lookups are
+  // cached together with it.
+  ensure_cached(p, w, lo, hi - lo > kHotPiece ? 1 : (hi - lo < U ? hi - lo : U), c);
+  if (hi - lo <= kHotPiece) {  // a hot segment's lookups are summed by the pieces, not here
+    const std::int64_t ahead = hi + prefetch_ahead_rows<K>();
+    prefetch_rows<W, kOpt>(p, c, ahead < limit ? ahead : limit);  // this segment's rows and the next ones'
+  }
+  const int first = static_cast<int>(lo - c.c0);
+  const std::uint64_t key = gpu::broadcast(c.key, first);
+  const std::int64_t D = gpu::broadcast(c.cols, first);
+  const std::int64_t row_offset = gpu::broadcast(c.row, first);
+  const bool skipped = key == static_cast<std::uint64_t>(p.total_rows);  // the lookups that contribute nothing
+  float acc[K][kVec];
 
-    if (o.optimizer == kWriteGradient) {
-      float* out = p.grad_rows + s * p.max_D;
-      for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
-        row_gradient<K>(p, w, seg, D, col0, acc);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          const std::int64_t col = col0 + lane + k * gpu::kWaveSize;
-          if (col < D) out[col] = acc[k];
-        }
-      }
-      if (lane == 0) {
-        p.segment_weight_offsets[s] = row_offset;
-        p.segment_dims[s] = static_cast<std::int32_t>(D);
-      }
-      continue;
+  if constexpr (kOpt == kWriteGradient) {
+    if (lane == 0) {
+      p.segment_weight_offsets[s] = skipped ? 0 : row_offset;
+      p.segment_dims[s] = skipped ? 0 : static_cast<std::int32_t>(D);
     }
-
-    float multiplier = o.learning_rate;  // row-wise Adagrad: lr / (sqrt(state) + eps)
-    if (o.optimizer == kRowwiseAdagrad) {
-      float squares = 0.0f;
-      for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
-        row_gradient<K>(p, w, seg, D, col0, acc);
+    if (skipped) return;
+    float* out = p.grad_rows + s * p.max_D;
+    const bool whole = D % kVec == 0 && gpu::is_aligned(out, 16);
+    for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
+      row_gradient<W, K, kOpt>(p, w, c, lo, hi, D, col0, limit, acc);
 #pragma unroll
-        for (int k = 0; k < K; ++k) {
-          const std::int64_t col = col0 + lane + k * gpu::kWaveSize;
-          if (col < D) {
-            float g = acc[k];
-            if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, gpu::to_float(row[col]), g);
-            squares = fmaf(g, g, squares);
+      for (int k = 0; k < K; ++k) store_cols(out + col0, lane_col(lane, k), cols_from(D, col0), whole, acc[k]);
+    }
+  } else {
+    if (skipped) return;
+    RowRef<W> ref{static_cast<W*>(p.weights) + row_offset, nullptr, nullptr, false, false};
+    ref.w_whole = D % kVec == 0 && gpu::is_aligned(ref.w, kVec * sizeof(W));
+    if constexpr (kOpt == kAdam) {
+      ref.m1 = p.momentum1 + row_offset;
+      ref.m2 = p.momentum2 + row_offset;
+      ref.m_whole = D % kVec == 0 && gpu::is_aligned(ref.m1, 16) && gpu::is_aligned(ref.m2, 16);
+    }
+    // A row of one chunk (every benchmark shape) loads its weights and states before its gradient is
+    // summed and sums it once. A wider row goes chunk by chunk; row-wise Adagrad, which needs the whole
+    // row's gradient before it updates any column, then makes two passes: the first only measures.
+    const bool single = D <= kChunk;
+    RowState<W, K, kOpt> r;
+    if (single) load_row(ref, 0, static_cast<int>(D), r);
+    float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
+    if constexpr (kOpt == kRowwiseAdagrad) state = p.momentum1[key];
+    const std::uint64_t row_state =
+        !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state(o.seed, o.step, key) : 0;
+    const int passes = kOpt == kRowwiseAdagrad && !single ? 2 : 1;
+    for (int pass = 0; pass < passes; ++pass) {
+      for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
+        const int left = cols_from(D, col0);
+        if (!single) load_row(ref, col0, left, r);
+        row_gradient<W, K, kOpt>(p, w, c, lo, hi, D, col0, limit, acc);
+        if constexpr (kOpt == kRowwiseAdagrad) {
+          if (pass == 0) {
+#pragma unroll
+            for (int k = 0; k < K; ++k) {
+              const int col = lane_col(lane, k);
+              float wv[kVec];
+              gpu::unpack_to_float(r.w[k], wv);
+#pragma unroll
+              for (int e = 0; e < kVec; ++e) {
+                if (col + e >= left) continue;
+                float g = acc[k][e];
+                if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, wv[e], g);
+                squares = fmaf(g, g, squares);
+              }
+            }
+            if (col0 + kChunk < D) continue;  // the rest of the row first (this pass only measures)
+            squares = gpu::wave_reduce(squares, gpu::SumOp());
+            const float updated = state + squares / static_cast<float>(D);
+            if (lane == 0) p.momentum1[key] = updated;
+            multiplier = o.learning_rate / (sqrtf(updated) + o.eps);
+            if (!single) continue;  // the second pass sums each chunk again and updates it
           }
         }
-      }
-      const float state = p.momentum1[seg.key];
-      squares = gpu::wave_reduce(squares, gpu::SumOp());
-      const float updated = state + squares / static_cast<float>(D);
-      if (lane == 0) p.momentum1[seg.key] = updated;
-      multiplier = o.learning_rate / (sqrtf(updated) + o.eps);
-    }
-
-    for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
-      if (o.optimizer != kRowwiseAdagrad || !single_chunk) row_gradient<K>(p, w, seg, D, col0, acc);
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        const std::int64_t col = col0 + lane + k * gpu::kWaveSize;
-        if (col >= D) continue;
-        const float wv = gpu::to_float(row[col]);
-        float g = acc[k];
-        float next;
-        if (o.optimizer == kSgd) {
-          if (o.weight_decay_mode != kDecayNone) g = fmaf(o.weight_decay, wv, g);
-          next = wv - o.learning_rate * g;
-        } else if (o.optimizer == kRowwiseAdagrad) {
-          if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, wv, g);
-          next = wv - multiplier * g;
-          if (o.weight_decay_mode == kDecayDecoupled) next -= o.learning_rate * o.weight_decay * wv;
-        } else {
-          if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, wv, g);
-          float* m1 = p.momentum1 + row_offset + col;
-          float* m2 = p.momentum2 + row_offset + col;
-          const float m = o.beta1 * *m1 + (1.0f - o.beta1) * g;
-          const float v = o.beta2 * *m2 + (1.0f - o.beta2) * g * g;
-          *m1 = m;
-          *m2 = v;
-          next = wv - o.learning_rate * ((m / o.bias_correction1) / (sqrtf(v / o.bias_correction2) + o.eps));
-          if (o.weight_decay_mode == kDecayDecoupled) next -= o.learning_rate * o.weight_decay * wv;
-        }
-        row[col] = round_weight<W>(next, o, seg.key, col);
+        for (int k = 0; k < K; ++k) update_vector<W, K, kOpt>(o, ref, col0, left, r, k, acc[k], multiplier, row_state);
       }
     }
   }
 }
 
-int columns_per_lane(std::int64_t max_D, int wave) {
+// Each wave takes W consecutive segments per pass (their bounds loaded at once, one per lane).
+template <typename W, int K, int kOpt>
+__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
+    apply_kernel(SegmentProblem p, Workspace w, const std::int32_t* num_segments) {
+  const int lane = gpu::lane_id();
+  const std::int64_t segments = *num_segments;
+  LookupCache c = empty_cache();
+  for (std::int64_t s0 = global_wave() * gpu::kWaveSize; s0 < segments; s0 += wave_count() * gpu::kWaveSize) {
+    const int count = segments - s0 < gpu::kWaveSize ? static_cast<int>(segments - s0) : gpu::kWaveSize;
+    std::int32_t lo = 0, hi = 0;
+    if (lane < count) {
+      lo = w.seg_start[s0 + lane];
+      hi = w.seg_start[s0 + lane + 1];
+    }
+    const std::int64_t limit = gpu::broadcast(hi, count - 1);
+    for (int q = 0; q < count; ++q)
+      apply_segment<W, K, kOpt>(p, w, c, s0 + q, gpu::broadcast(lo, q), gpu::broadcast(hi, q), limit);
+  }
+}
+
+// ---- launch ---------------------------------------------------------------------------------------------
+
+// Vectors per lane: enough for one chunk to cover max_D on a wave of `wave` lanes, at most 4 (wider rows
+// take several chunks: D > 512 on a wave32, > 1024 on a wave64).
+int vectors_per_lane(std::int64_t max_D, int wave) {
+  const std::int64_t vectors = gpu::ceil_div(max_D, kVec);
   int k = 1;
-  while (k < 8 && static_cast<std::int64_t>(k) * wave < max_D) k *= 2;
+  while (k < 4 && static_cast<std::int64_t>(k) * wave < vectors) k *= 2;
   return k;
 }
 
-std::int64_t wave_grid(std::int64_t items, int wave, int multiprocessors) {
-  const std::int64_t waves_per_block = kBlock / (wave > 0 ? wave : gpu::kWaveSize);
-  const std::int64_t resident = multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * kBlocksPerSM : 0;
-  return gpu::capped_grid(items, waves_per_block, kBlock, resident);
+int wave_of(int wave_size) { return wave_size > 0 ? wave_size : gpu::kWaveSize; }
+
+// Blocks of a grid-stride kernel for `waves` wave-sized work items: as many as fit on the device at once
+// (occupancy queried once per kernel), never more than the work needs.
+template <auto Kernel, int kThreads>
+unsigned wave_grid(std::int64_t waves, int wave_size, int multiprocessors) {
+  static const int per_multiprocessor = gpu::resident_blocks_per_multiprocessor(Kernel, kThreads);
+  const std::int64_t resident =
+      multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * std::max(per_multiprocessor, 1) : 0;
+  return static_cast<unsigned>(
+      gpu::capped_grid(waves, std::max(kThreads / wave_of(wave_size), 1), kThreads, resident));
 }
 
-std::int64_t thread_grid(std::int64_t items, int multiprocessors) {
+unsigned thread_grid(std::int64_t items, int multiprocessors) {
   const std::int64_t resident = multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * kBlocksPerSM : 0;
-  return gpu::capped_grid(items, kBlock, kBlock, resident);
+  return static_cast<unsigned>(gpu::capped_grid(items, kBlock, kBlock, resident));
 }
 
 template <typename W, typename index_t>
-void launch_psw(const BackwardProblem<index_t>& p, const Workspace& w, unsigned grid, gpu::stream_t stream) {
-  psw_grad_kernel<W, index_t><<<grid, kBlock, 0, stream>>>(p, w);
+void launch_psw(const BackwardProblem<index_t>& p, const Workspace& w, int wave_size, int multiprocessors,
+                gpu::stream_t stream) {
+  constexpr auto kernel = psw_grad_kernel<W, index_t>;
+  const unsigned grid =
+      wave_grid<kernel, kBlock>(gpu::ceil_div(p.num_indices, wave_of(wave_size)), wave_size, multiprocessors);
+  kernel<<<grid, kBlock, 0, stream>>>(p, w);
 }
 
-template <int K, typename index_t>
-void launch_apply_k(const BackwardProblem<index_t>& p, const Workspace& w, const std::int32_t* num_segments,
-                    unsigned grid, gpu::stream_t stream) {
-  switch (p.weights_dtype) {
-    case DType::kFloat16: apply_kernel<half_t, K, index_t><<<grid, kBlock, 0, stream>>>(p, w, num_segments); break;
-    case DType::kBFloat16:
-      apply_kernel<bfloat16_t, K, index_t><<<grid, kBlock, 0, stream>>>(p, w, num_segments);
+template <int K>
+void launch_hot(const SegmentProblem& sp, const Workspace& w, int wave_size, int multiprocessors, gpu::stream_t stream) {
+  constexpr auto kernel = hot_pieces_kernel<K>;
+  const unsigned grid = wave_grid<kernel, kSegmentBlock>(2 * hot_blocks(sp.num_indices), wave_size, multiprocessors);
+  kernel<<<grid, kSegmentBlock, 0, stream>>>(sp, w);
+}
+
+template <typename W, int K, int kOpt>
+void launch_apply(const SegmentProblem& sp, const Workspace& w, const std::int32_t* num_segments,
+                  std::int64_t max_segments, int wave_size, int multiprocessors, gpu::stream_t stream) {
+  constexpr auto kernel = apply_kernel<W, K, kOpt>;
+  const unsigned grid =
+      wave_grid<kernel, kSegmentBlock>(gpu::ceil_div(max_segments, wave_of(wave_size)), wave_size, multiprocessors);
+  kernel<<<grid, kSegmentBlock, 0, stream>>>(sp, w, num_segments);
+}
+
+template <int K, int kOpt>
+void launch_apply_weights(const SegmentProblem& sp, DType weights_dtype, const Workspace& w,
+                          const std::int32_t* num_segments, std::int64_t max_segments, int wave_size,
+                          int multiprocessors, gpu::stream_t stream) {
+  switch (weights_dtype) {
+    case DType::kFloat16:
+      launch_apply<half_t, K, kOpt>(sp, w, num_segments, max_segments, wave_size, multiprocessors, stream);
       break;
-    default: apply_kernel<float, K, index_t><<<grid, kBlock, 0, stream>>>(p, w, num_segments); break;
+    case DType::kBFloat16:
+      launch_apply<bfloat16_t, K, kOpt>(sp, w, num_segments, max_segments, wave_size, multiprocessors, stream);
+      break;
+    default: launch_apply<float, K, kOpt>(sp, w, num_segments, max_segments, wave_size, multiprocessors, stream); break;
+  }
+}
+
+template <int K>
+void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspace& w,
+                    const std::int32_t* num_segments, std::int64_t max_segments, int wave_size, int multiprocessors,
+                    gpu::stream_t stream) {
+  switch (sp.optim.optimizer) {
+    case kWriteGradient:  // touches no weight: one instantiation serves every weight type
+      launch_apply<float, K, kWriteGradient>(sp, w, num_segments, max_segments, wave_size, multiprocessors, stream);
+      break;
+    case kSgd:
+      launch_apply_weights<K, kSgd>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
+                                    stream);
+      break;
+    case kRowwiseAdagrad:
+      launch_apply_weights<K, kRowwiseAdagrad>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
+                                               multiprocessors, stream);
+      break;
+    default:
+      launch_apply_weights<K, kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
+                                     stream);
+      break;
   }
 }
 
@@ -497,35 +1039,37 @@ gpu::status_t launch_backward_prepare(const BackwardProblem<index_t>& p, void* w
                                       std::int32_t* num_segments, int wave_size, int multiprocessors,
                                       gpu::stream_t stream) {
   const std::int64_t n = p.num_indices;
-  gpu::status_t st = gpu::memset_async(num_segments, 0, sizeof(std::int32_t), stream);
-  if (st != gpu::kSuccess || n == 0) return st;
+  if (n == 0) return gpu::memset_async(num_segments, 0, sizeof(std::int32_t), stream);
   Workspace w = carve(p, workspace, stream);
   if (w.total > workspace_bytes) return kWorkspaceTooSmall;
-  const unsigned threads = static_cast<unsigned>(thread_grid(n, multiprocessors));
-  linearize_kernel<index_t><<<threads, kBlock, 0, stream>>>(p, w);
+  const std::int64_t tiles = gpu::ceil_div(n, wave_of(wave_size));
+  {
+    constexpr auto kernel = linearize_kernel<index_t>;
+    kernel<<<wave_grid<kernel, kBlock>(tiles, wave_size, multiprocessors), kBlock, 0, stream>>>(p, w);
+  }
   if (p.per_sample_weights != nullptr) {
-    const unsigned grid = static_cast<unsigned>(wave_grid(n, wave_size, multiprocessors));
     switch (p.weights_dtype) {
-      case DType::kFloat16: launch_psw<half_t>(p, w, grid, stream); break;
-      case DType::kBFloat16: launch_psw<bfloat16_t>(p, w, grid, stream); break;
-      default: launch_psw<float>(p, w, grid, stream); break;
+      case DType::kFloat16: launch_psw<half_t>(p, w, wave_size, multiprocessors, stream); break;
+      case DType::kBFloat16: launch_psw<bfloat16_t>(p, w, wave_size, multiprocessors, stream); break;
+      default: launch_psw<float>(p, w, wave_size, multiprocessors, stream); break;
     }
   }
-  if ((st = gpu::last_launch_status()) != gpu::kSuccess) return st;
+  gpu::status_t st = gpu::last_launch_status();
+  if (st != gpu::kSuccess) return st;
   st = gpu::radix_sort_pairs(w.sort_temp, w.sort_bytes, w.keys_in, w.keys_out, w.pos_in, w.pos_out, n, 0,
                              key_bits(p.total_rows), stream);
   if (st != gpu::kSuccess) return st;
+  const unsigned threads = thread_grid(n, multiprocessors);
   flag_kernel<<<threads, kBlock, 0, stream>>>(w, n);
   if ((st = gpu::last_launch_status()) != gpu::kSuccess) return st;
   st = gpu::inclusive_sum(w.scan_temp, w.scan_bytes, w.flags, w.seg_of, n, stream);
   if (st != gpu::kSuccess) return st;
   starts_kernel<<<threads, kBlock, 0, stream>>>(w, n, num_segments);
-  const unsigned hot = static_cast<unsigned>(wave_grid(2 * hot_blocks(n), wave_size, multiprocessors));
-  switch (columns_per_lane(p.max_D, wave_size > 0 ? wave_size : gpu::kWaveSize)) {
-    case 1: hot_pieces_kernel<1, index_t><<<hot, kBlock, 0, stream>>>(p, w); break;
-    case 2: hot_pieces_kernel<2, index_t><<<hot, kBlock, 0, stream>>>(p, w); break;
-    case 4: hot_pieces_kernel<4, index_t><<<hot, kBlock, 0, stream>>>(p, w); break;
-    default: hot_pieces_kernel<8, index_t><<<hot, kBlock, 0, stream>>>(p, w); break;
+  const SegmentProblem sp = segment_problem(p);
+  switch (vectors_per_lane(p.max_D, wave_of(wave_size))) {
+    case 1: launch_hot<1>(sp, w, wave_size, multiprocessors, stream); break;
+    case 2: launch_hot<2>(sp, w, wave_size, multiprocessors, stream); break;
+    default: launch_hot<4>(sp, w, wave_size, multiprocessors, stream); break;
   }
   return gpu::last_launch_status();
 }
@@ -537,12 +1081,17 @@ gpu::status_t launch_backward_apply(const BackwardProblem<index_t>& p, void* wor
   if (p.num_indices == 0 || max_segments <= 0) return gpu::kSuccess;
   const Workspace w = carve(p, workspace, stream);
   if (w.total > workspace_bytes) return kWorkspaceTooSmall;
-  const unsigned grid = static_cast<unsigned>(wave_grid(max_segments, wave_size, multiprocessors));
-  switch (columns_per_lane(p.max_D, wave_size > 0 ? wave_size : gpu::kWaveSize)) {
-    case 1: launch_apply_k<1>(p, w, num_segments, grid, stream); break;
-    case 2: launch_apply_k<2>(p, w, num_segments, grid, stream); break;
-    case 4: launch_apply_k<4>(p, w, num_segments, grid, stream); break;
-    default: launch_apply_k<8>(p, w, num_segments, grid, stream); break;
+  const SegmentProblem sp = segment_problem(p);
+  switch (vectors_per_lane(p.max_D, wave_of(wave_size))) {
+    case 1:
+      launch_apply_k<1>(sp, p.weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors, stream);
+      break;
+    case 2:
+      launch_apply_k<2>(sp, p.weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors, stream);
+      break;
+    default:
+      launch_apply_k<4>(sp, p.weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors, stream);
+      break;
   }
   return gpu::last_launch_status();
 }

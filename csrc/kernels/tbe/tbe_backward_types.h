@@ -60,14 +60,26 @@ HIPDLRM_TBE_HOST_DEVICE std::uint64_t splitmix64(std::uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// 32 random bits for column `col` of linear row `row` at optimizer step `step`: a counter-based hash, so
-// the bits do not depend on which thread (or which device) rounds the value.
-HIPDLRM_TBE_HOST_DEVICE std::uint32_t rounding_bits(std::uint64_t seed, std::uint64_t step, std::uint64_t row,
-                                                    std::uint64_t col) {
-  std::uint64_t h = splitmix64(seed ^ splitmix64(step));
-  h = splitmix64(h ^ row);
-  h = splitmix64(h ^ (col * 0xD6E8FEB86659FD93ull));
-  return static_cast<std::uint32_t>(h >> 32);
+// The random bits of stochastic rounding: a counter-based hash of (seed, step, row, column), so they do
+// not depend on which thread (or which device) rounds the value. One splitmix64 per row and step gives
+// the row's state; one more per group of kRoundingGroup consecutive columns gives 16 bits to each column
+// of the group (the 16-bit formats use at most 16), so a lane that owns a 4-column vector hashes once.
+constexpr std::uint64_t kRoundingGroup = 4;
+
+HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_row_state(std::uint64_t seed, std::uint64_t step, std::uint64_t row) {
+  return splitmix64(splitmix64(seed ^ splitmix64(step)) ^ row);
+}
+
+// 64 random bits for the columns kRoundingGroup * q .. + kRoundingGroup - 1 of a row: bits [16c, 16c + 16)
+// belong to the group's column c.
+HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_group_bits(std::uint64_t row_state, std::uint64_t q) {
+  return splitmix64(row_state ^ (q * 0xD6E8FEB86659FD93ull));
+}
+
+// The 16 random bits of column `col` (the group's bits, shifted into place).
+HIPDLRM_TBE_HOST_DEVICE std::uint32_t rounding_bits(std::uint64_t row_state, std::uint64_t col) {
+  const std::uint64_t bits = rounding_group_bits(row_state, col / kRoundingGroup);
+  return static_cast<std::uint32_t>(bits >> (16 * (col % kRoundingGroup))) & 0xffffu;
 }
 
 HIPDLRM_TBE_HOST_DEVICE std::uint32_t float_bits(float v) {

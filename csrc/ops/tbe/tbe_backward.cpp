@@ -128,14 +128,15 @@ void row_gradient(const Context& c, std::int64_t seg, std::int64_t D, float* acc
   }
 }
 
+// `row_state` is ktbe::rounding_row_state of the row (used only by stochastic rounding).
 template <typename W>
-W round_weight(float v, const OptimizerArgs& o, std::uint64_t row, std::int64_t col) {
+W round_weight(float v, const OptimizerArgs& o, std::uint64_t row_state, std::int64_t col) {
   if constexpr (std::is_same<W, at::Half>::value) {
     if (o.stochastic_rounding)
-      v = ktbe::stochastic_round_fp16(v, ktbe::rounding_bits(o.seed, o.step, row, static_cast<std::uint64_t>(col)));
+      v = ktbe::stochastic_round_fp16(v, ktbe::rounding_bits(row_state, static_cast<std::uint64_t>(col)));
   } else if constexpr (std::is_same<W, at::BFloat16>::value) {
     if (o.stochastic_rounding)
-      v = ktbe::stochastic_round_bf16(v, ktbe::rounding_bits(o.seed, o.step, row, static_cast<std::uint64_t>(col)));
+      v = ktbe::stochastic_round_bf16(v, ktbe::rounding_bits(row_state, static_cast<std::uint64_t>(col)));
   }
   return static_cast<W>(v);
 }
@@ -155,6 +156,7 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
     momentum1[key] = updated;
     multiplier = o.learning_rate / (std::sqrt(updated) + o.eps);
   }
+  const std::uint64_t row_state = ktbe::rounding_row_state(o.seed, o.step, key);
   for (std::int64_t d = 0; d < D; ++d) {
     const float wv = static_cast<float>(row[d]);
     float gd = g[d];
@@ -174,7 +176,7 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
       next = wv - o.learning_rate * ((m1 / o.bias_correction1) / (std::sqrt(m2 / o.bias_correction2) + o.eps));
       if (o.weight_decay_mode == ktbe::kDecayDecoupled) next -= o.learning_rate * o.weight_decay * wv;
     }
-    row[d] = round_weight<W>(next, o, key, d);
+    row[d] = round_weight<W>(next, o, row_state, d);
   }
 }
 

@@ -53,6 +53,7 @@ void check_status(cudaError_t st, const char* op) {
   TORCH_CHECK(st == cudaSuccess, op, ": kernel launch failed: ", cudaGetErrorString(st));
 }
 
+// Uninitialised: the per-sample-weight kernel writes every entry (0 for a lookup that contributes nothing).
 at::Tensor grad_psw_tensor(const BackwardShape& s, const at::Tensor& weights,
                            const std::optional<at::Tensor>& per_sample_weights) {
   const auto f32 = weights.options().dtype(at::kFloat);
@@ -78,7 +79,6 @@ at::Tensor tbe_backward_gpu(const at::Tensor& grad_output, const at::Tensor& wei
   const c10::cuda::CUDAGuard guard(weights.device());
   const at::Tensor go = grad_output.to(at::kFloat).contiguous();
   at::Tensor grad_psw = grad_psw_tensor(s, weights, per_sample_weights);
-  if (per_sample_weights.has_value()) grad_psw.zero_();
   if (s.forward.num_indices == 0) return grad_psw;
   const int device = weights.get_device();
   const int wave = gpu::device_wave_size(device);
@@ -116,7 +116,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_gpu(
   const c10::cuda::CUDAGuard guard(weights.device());
   const at::Tensor go = grad_output.to(at::kFloat).contiguous();
   at::Tensor grad_psw = grad_psw_tensor(s, weights, per_sample_weights);
-  if (per_sample_weights.has_value()) grad_psw.zero_();
   const auto f32 = weights.options().dtype(at::kFloat);
   at::Tensor grad_rows = at::empty({0, max_D}, f32);
   at::Tensor seg_offsets = at::empty({0}, weights.options().dtype(at::kLong));
