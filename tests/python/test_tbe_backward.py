@@ -625,3 +625,66 @@ def test_gpu_skips_bad_lookups_without_fault():
     train_step(cpu, indices, offsets, None, grad)
     train_step(gpu, indices, offsets, None, grad, device="cuda")
     torch.testing.assert_close(gpu.weights.detach().cpu(), cpu.weights.detach(), rtol=1e-6, atol=1e-6)
+
+
+def offset_copy(t: torch.Tensor, device) -> torch.Tensor:
+    """A copy of 1-D `t` on `device` that starts one element into its storage (no row of it is then
+    16-byte aligned); an empty tensor stays empty."""
+    if t.numel() == 0:
+        return t.to(device)
+    buf = torch.empty(t.numel() + 1, dtype=t.dtype, device=device)
+    view = buf[1:]
+    view.copy_(t)
+    return view
+
+
+def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unaligned, step=2):
+    """One tbe_backward (or tbe_backward_sparse for NONE) call on copies of the module's weights and a
+    fixed starting state; returns (weights, states, per-sample-weight grad) or (element indices,
+    values, per-sample-weight grad), on the CPU."""
+    g = torch.Generator().manual_seed(11)
+    w = module.weights.detach().cpu()
+    numel = w.numel()
+    if optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
+        states = [torch.rand(module.total_rows, generator=g), torch.empty(0)]
+    elif optimizer == OptimType.ADAM:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.rand(numel, generator=g) * 0.01]
+    else:
+        states = [torch.empty(0), torch.empty(0)]
+    move = (lambda t: offset_copy(t, device)) if unaligned else (lambda t: t.clone().to(device))
+    weights, states = move(w), [move(s) for s in states]
+    grad_in = move(grad.reshape(-1)).view(grad.shape)
+    meta = [t.to(device) for t in (module.weights_offsets, module.D_offsets, module.rows_per_table,
+                                   module.row_offsets)]
+    common = (*meta, module.total_rows, module.total_D, module.max_D, indices.to(device), offsets.to(device),
+              int(module.pooling_mode), None if psw is None else psw.to(device))
+    if optimizer == OptimType.NONE:
+        return tuple(t.cpu() for t in torch.ops.hipdlrm.tbe_backward_sparse(grad_in, weights, *common))
+    gpsw = torch.ops.hipdlrm.tbe_backward(grad_in, weights, *common, int(optimizer), states[0], states[1], 0.05, 1e-2,
+                                          0.8, 0.95, 0.01, int(WeightDecayMode.L2), step, True, 1234)
+    return weights.cpu(), [s.cpu() for s in states], gpsw.cpu()
+
+
+@requires_gpu
+@pytest.mark.parametrize("optimizer", [OptimType.NONE] + OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("weights", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_gpu_wide_rows_and_unaligned_tensors(optimizer, weights):
+    """Rows wider than one chunk of the apply kernel (600 and 1100 columns: several chunks on a wave32
+    and on a wave64), a hot row of several pieces, and every tensor passed as a view one element into
+    its storage (the element-by-element path), against the CPU."""
+    module = make_module([(30, 600), (20, 1100), (40, 36)], [0, 1, 2, 1], PoolingMode.SUM, OptimType.EXACT_SGD,
+                         weights, seed=12)
+    indices, offsets, psw = make_inputs(module, 24, 13, weighted=True, hot=(1, 3, 2500))
+    grad = upstream(module, indices, offsets, 14)
+    for unaligned in (False, True):
+        cpu = run_backward_op(module, optimizer, indices, offsets, psw, grad, "cpu", False)
+        gpu = run_backward_op(module, optimizer, indices, offsets, psw, grad, "cuda", unaligned)
+        torch.testing.assert_close(gpu[2], cpu[2], rtol=1e-5, atol=1e-4)
+        if optimizer == OptimType.NONE:
+            assert torch.equal(gpu[0], cpu[0])
+            torch.testing.assert_close(gpu[1].float(), cpu[1].float(), rtol=1e-5, atol=1e-5)
+            continue
+        t = tol(weights) if weights != torch.float32 else dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gpu[0].float(), cpu[0].float(), **t)
+        for x, y in zip(gpu[1], cpu[1]):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)

@@ -10,7 +10,8 @@
 //      lookup's sort key (row_offsets[t] + index, or total_rows for a lookup that contributes nothing:
 //      no bag, pruned or out of range), its position and its (bag, gradient scale) are written once.
 //   2. per-sample-weight gradient (when weighted): one wave per W consecutive lookups, dot(grad row,
-//      weight row) from the weights before the update, a few lookups' rows in flight at a time.
+//      weight row) from the weights before the update, two lookups' rows in flight and the rows of the
+//      next ones prefetched.
 //   3. radix sort of (key, position) on the bits total_rows needs (stable: positions stay ascending
 //      within a row, which fixes the summation order).
 //   4. segments: a flag per sorted position where the key changes, an inclusive scan (segment of each
@@ -423,9 +424,19 @@ __global__ void __launch_bounds__(kBlock) psw_grad_kernel(BackwardProblem<index_
     }
     const bool whole = aligned && gpu::ballot(cols % kVec != 0 || go % kVec != 0 || wo % kVec != 0) == 0;
     const int count = n - i0 < gpu::kWaveSize ? static_cast<int>(n - i0) : gpu::kWaveSize;
+    // A lookup's gradient row is worth prefetching only where it differs from the previous lookup's (in
+    // a pooled bag consecutive lookups share it).
+    const std::int64_t previous_go = gpu::shfl(go, lane > 0 ? lane - 1 : 0);
+    const bool own_grad_row = lane == 0 || previous_go != go;
     float mine = 0.0f;
     if (whole) {
       for (int e0 = 0; e0 < count; e0 += kDotRows) {
+        // The rows of the lookups two groups ahead go to L2 while this group's arrive (each lookup once).
+        const int from = e0 == 0 ? kDotRows : e0 + 2 * kDotRows;
+        if (lane >= from && lane < e0 + 3 * kDotRows && cols > 0) {
+          gpu::prefetch_l2(weights + wo, static_cast<std::uint64_t>(cols) * sizeof(W));
+          if (own_grad_row) gpu::prefetch_l2(p.grad_output + go, static_cast<std::uint64_t>(cols) * sizeof(float));
+        }
         float dot[kDotRows];
         lane_dots<true>(p.grad_output, weights, go, wo, cols, e0, p.max_D, dot);
 #pragma unroll
