@@ -1,10 +1,16 @@
-// Torch-free interface of the HSTU attention kernels (jagged, pointwise SiLU instead of softmax).
+// Torch-free interface of the jagged pointwise-activation attention kernels: HSTU (SiLU, HSTU's mask,
+// relative attention bias) and GDPA (a choice of activation, a window, grouped kv heads, separate query and
+// key lengths). Both run on one tiled core (attention_core.h, attention_forward.h, attention_backward.h).
 //
-// For each sequence b (tokens seq_offsets[b] .. seq_offsets[b+1]) and head h:
-//   P = SiLU(alpha * q k^T + rab[b, h]) * s      s = scale_per_token[row] when given, else scale_value
-//   O = (P (.) valid) v
-// The valid mask is HstuMask (attention_core.h). q, k: [L, H, dqk]; v, out: [L, H, dv]; all contiguous,
-// one element type (fp16 or bf16; fp32 inputs are computed by the binding's composite path).
+// For each sample b and query head h (kv head h / (heads / kv_heads)), with query rows i of the sample and
+// key rows j:
+//   X = alpha * q k^T + rab[b, h]       P = act(X) (.) valid * s     s = scale_per_token[row] or scale_value
+//   O = P v
+// HSTU: act = SiLU, valid = HstuMask (attention_core.h), q, k, v share seq_offsets.
+// GDPA: alpha = 1, no rab, s = qk_scale, valid = |i - j| <= window (everything when window < 0), and
+//       act in {identity, relu, gelu (erf), fast_gelu (tanh form), silu}.
+// q: [Lq, H, dqk]; k: [Lkv, Hkv, dqk]; v: [Lkv, Hkv, dv]; out: [Lo, H, dv]; all contiguous, 16-byte aligned,
+// one element type (fp16 or bf16; fp32 inputs are computed by the bindings' composite paths).
 #pragma once
 
 #include <cstdint>
@@ -17,58 +23,83 @@ namespace attention {
 
 enum class ElemType { kFloat16, kBFloat16 };
 
-struct HstuProblem {
+// GDPA's activations (HSTU always uses kSilu). act(0) = 0 for every one of them, which the kernels rely on:
+// rows past a sequence end are staged as zeros and add nothing.
+enum class Activation { kRaw, kRelu, kGelu, kFastGelu, kSilu };
+
+struct AttentionProblem {
   int batch = 0;                          // B
-  int heads = 0;                          // H
+  int heads = 0;                          // H: query heads
   int dqk = 0;                            // head dim of q and k: 32, 64, 128 or 256
   int dv = 0;                             // head dim of v and out: 32, 64, 128 or 256
-  int max_seq_len = 0;                    // N: every sequence has at most N tokens (checked by the binding)
-  std::int64_t total_tokens = 0;          // L = seq_offsets[B]
-  const std::int64_t* seq_offsets = nullptr;  // [B + 1], device, non-decreasing, first 0, last L
+  int max_seq_len = 0;                    // every query sequence has at most this many rows (checked by the binding)
+  std::int64_t total_tokens = 0;          // Lq: rows of q (and of out unless broadcast_q)
+  const std::int64_t* seq_offsets = nullptr;  // query offsets [B + 1], device, non-decreasing, first 0, last Lq
   float alpha = 1.0f;
-  float scale_value = 1.0f;               // output scale when scale_per_token is null (1/N by default)
-  const float* scale_per_token = nullptr; // [L] fp32, device; scales row i of P
-  // Mask (see HstuMask in attention_core.h).
+  float scale_value = 1.0f;               // output scale when scale_per_token is null
+  const float* scale_per_token = nullptr; // [Lq] fp32, device; scales row i of P (HSTU only)
+  // HSTU mask (see HstuMask in attention_core.h); GDPA leaves these.
   bool causal = true;
   int max_attn_len = 0;                   // 0: unlimited
   int contextual_seq_len = 0;             // 0: no contextual prefix
   const std::int64_t* num_targets = nullptr;  // [B], device, or null
-  // Relative attention bias [rab_batch, rab_heads, N, N] contiguous, element type as q; null: none.
-  // rab_batch is 1 or B, rab_heads is 1 or H (1 broadcasts).
+  // Relative attention bias [rab_batch, rab_heads, N, N] contiguous (N = max_seq_len), element type as q;
+  // null: none. rab_batch is 1 or B, rab_heads is 1 or H (1 broadcasts). HSTU only.
   const void* rab = nullptr;
   int rab_batch = 1;
   int rab_heads = 1;
   ElemType dtype = ElemType::kBFloat16;
+
+  // ---- GDPA (the HSTU launchers ignore these; their defaults describe self-attention) ----
+  int kv_heads = 0;                       // Hkv, dividing H; 0: H
+  int max_seq_len_kv = 0;                 // every key sequence has at most this many rows; 0: max_seq_len
+  const std::int64_t* kv_offsets = nullptr;  // key offsets [B + 1], device; null: seq_offsets
+  int kv_dense_len = 0;                   // > 0: sample b's keys are rows [b * len, (b + 1) * len) (dense KV);
+                                          // kv_offsets is then not read
+  bool broadcast_q = false;               // q holds one sequence, rows [0, seq_offsets[1]), shared by every
+                                          // sample; out row of sample b, query i: b * seq_offsets[1] + i
+  int window = -1;                        // >= 0: only |i - j| <= window is valid
+  Activation activation = Activation::kSilu;
 };
 
-struct HstuForwardArgs {
-  HstuProblem p;
+struct AttentionForwardArgs {
+  AttentionProblem p;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  void* out = nullptr;  // [L, H, dv]; every element is written (rows with nothing valid get zeros)
+  void* out = nullptr;  // [Lo, H, dv]; every element is written (rows with nothing valid get zeros)
 };
 
-struct HstuBackwardArgs {
-  HstuProblem p;
+struct AttentionBackwardArgs {
+  AttentionProblem p;
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
-  const void* grad_out = nullptr;  // [L, H, dv]
-  void* grad_q = nullptr;          // [L, H, dqk], element type of q; every element is written
-  void* grad_k = nullptr;          // [L, H, dqk]; every element is written
-  void* grad_v = nullptr;          // [L, H, dv]; every element is written
-  // fp32 [L, H, dqk], zeroed by the caller: dQ accumulates here (atomics spread over rows, not dK/dV),
+  const void* grad_out = nullptr;  // [Lo, H, dv]
+  void* grad_q = nullptr;          // [Lq, H, dqk], element type of q; every element is written
+  void* grad_k = nullptr;          // [Lkv, Hkv, dqk]; every element is written
+  void* grad_v = nullptr;          // [Lkv, Hkv, dv]; every element is written
+  // fp32 [Lq, H, dqk], zeroed by the caller: dQ accumulates here (atomics spread over rows, not dK/dV),
   // and the launcher converts it into grad_q.
   float* grad_q_accum = nullptr;
-  // fp32 [rab_batch, rab_heads, N, N], zeroed by the caller, or null when rab needs no gradient.
+  // fp32 [rab_batch, rab_heads, N, N], zeroed by the caller, or null when rab needs no gradient (HSTU).
   // Entries outside every sequence's valid region stay zero. The binding casts it to rab's type.
   float* grad_rab = nullptr;
 };
 
+// The HSTU names of the same structures.
+using HstuProblem = AttentionProblem;
+using HstuForwardArgs = AttentionForwardArgs;
+using HstuBackwardArgs = AttentionBackwardArgs;
+
 // Enqueue on `stream`. Return the launch status; invalid problems are rejected by the binding, never here.
-gpu::status_t hstu_forward(const HstuForwardArgs& args, gpu::stream_t stream);
-gpu::status_t hstu_backward(const HstuBackwardArgs& args, gpu::stream_t stream);
+// HSTU: SiLU and HstuMask; the GDPA fields must keep their defaults.
+gpu::status_t hstu_forward(const AttentionForwardArgs& args, gpu::stream_t stream);
+gpu::status_t hstu_backward(const AttentionBackwardArgs& args, gpu::stream_t stream);
+// GDPA: p.activation, p.window, GQA, dense KV and broadcast_q; alpha = 1, no rab, no per-token scale, and
+// the HSTU mask fields at their defaults are ignored (no causal mask).
+gpu::status_t gdpa_forward(const AttentionForwardArgs& args, gpu::stream_t stream);
+gpu::status_t gdpa_backward(const AttentionBackwardArgs& args, gpu::stream_t stream);
 
 }  // namespace attention
 }  // namespace kernels
