@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "hstu.h"
 #include "hipdlrm/gpu/mma.h"
 #include "hipdlrm/gpu/numeric.h"
 #include "hipdlrm/gpu/platform.h"
@@ -100,7 +101,47 @@ struct BwdConfig {
   }
 };
 
-// ---- valid mask ---------------------------------------------------------------------------------------
+// ---- rows of one sample -------------------------------------------------------------------------------
+// Where sample b's query, key/value and output rows start, and how many there are (see AttentionProblem).
+struct SampleRows {
+  std::int64_t q0 = 0;   // first row of q (and of grad_q)
+  std::int64_t kv0 = 0;  // first row of k and v
+  std::int64_t o0 = 0;   // first row of out and grad_out
+  int nq = 0;
+  int nkv = 0;
+};
+
+HIPDLRM_DEVICE SampleRows sample_rows(const AttentionProblem& p, int b) {
+  SampleRows r;
+  if (p.broadcast_q) {
+    r.q0 = 0;
+    r.nq = static_cast<int>(p.seq_offsets[1]);
+    r.o0 = static_cast<std::int64_t>(b) * r.nq;
+  } else {
+    r.q0 = p.seq_offsets[b];
+    r.nq = static_cast<int>(p.seq_offsets[b + 1] - r.q0);
+    r.o0 = r.q0;
+  }
+  if (p.kv_dense_len > 0) {  // dense KV: no offsets to read
+    r.kv0 = static_cast<std::int64_t>(b) * p.kv_dense_len;
+    r.nkv = p.kv_dense_len;
+  } else if (p.kv_offsets != nullptr) {
+    r.kv0 = p.kv_offsets[b];
+    r.nkv = static_cast<int>(p.kv_offsets[b + 1] - r.kv0);
+  } else {
+    r.kv0 = r.q0;
+    r.nkv = r.nq;
+  }
+  return r;
+}
+
+// ---- valid masks -----------------------------------------------------------------------------------------
+// A mask answers, for query i and key j of one sample: valid(i, j) (inside both sequences only); for a tile
+// [i0, i1) x [j0, j1): tile_any (some element may be valid: else the tile is skipped) and tile_all (every
+// element inside both sequences is valid: the per-element mask is skipped; rows and columns past the
+// sequence ends need no mask, since their q / k / v / dO rows are staged as zeros and act(0) = 0); and
+// first_query(j0), a query below which no query sees key j0 or later.
+
 // One sequence's mask (HSTU's; see hstu.h and docs/attention.md):
 //   id(p) = p, or max(p - c + 1, 0) with a contextual prefix c > 0; with targets id(p) = min(id(p), max_id)
 //   d = id(i) - id(j) (absolute value when not causal)
@@ -124,6 +165,15 @@ struct HstuMask {
     m.targets = has_targets;
     return m;
   }
+
+  HIPDLRM_DEVICE static HstuMask for_sample(const AttentionProblem& p, int b, const SampleRows& r) {
+    const bool has_targets = p.num_targets != nullptr;
+    return make(r.nq, p.contextual_seq_len, has_targets ? static_cast<int>(p.num_targets[b]) : 0, has_targets,
+                p.max_attn_len, p.causal);
+  }
+
+  // Causal without a contextual prefix: no query before key j0 sees it.
+  HIPDLRM_HOST_DEVICE int first_query(int j0) const { return causal && c == 0 ? j0 : 0; }
 
   HIPDLRM_HOST_DEVICE int id(int p) const {
     int v = c > 0 ? (p - c + 1 > 0 ? p - c + 1 : 0) : p;
@@ -172,6 +222,39 @@ struct HstuMask {
   }
 };
 
+// GDPA's window: valid = |i - j| <= w, everything when w < 0. Queries and keys have their own lengths.
+struct WindowMask {
+  int nq;
+  int nkv;
+  int w;
+
+  HIPDLRM_DEVICE static WindowMask for_sample(const AttentionProblem& p, int, const SampleRows& r) {
+    WindowMask m;
+    m.nq = r.nq;
+    m.nkv = r.nkv;
+    m.w = p.window;
+    return m;
+  }
+  HIPDLRM_HOST_DEVICE bool valid(int i, int j) const { return w < 0 || (i > j ? i - j : j - i) <= w; }
+  HIPDLRM_HOST_DEVICE bool tile_any(int i0, int i1, int j0, int j1) const {
+    i1 = i1 < nq ? i1 : nq;
+    j1 = j1 < nkv ? j1 : nkv;
+    if (i0 >= i1 || j0 >= j1) return false;
+    if (w < 0) return true;
+    // the smallest |i - j| over the tile
+    const int gap = i0 > j1 - 1 ? i0 - (j1 - 1) : (j0 > i1 - 1 ? j0 - (i1 - 1) : 0);
+    return gap <= w;
+  }
+  HIPDLRM_HOST_DEVICE bool tile_all(int i0, int i1, int j0, int j1) const {
+    i1 = i1 < nq ? i1 : nq;
+    j1 = j1 < nkv ? j1 : nkv;
+    if (w < 0 || i0 >= i1 || j0 >= j1) return true;
+    const int a = (i1 - 1) - j0, c = (j1 - 1) - i0;  // the largest i - j and j - i
+    return a <= w && c <= w;
+  }
+  HIPDLRM_HOST_DEVICE int first_query(int j0) const { return w < 0 || j0 <= w ? 0 : j0 - w; }
+};
+
 // ---- activations ----------------------------------------------------------------------------------------
 // SiLU(x) = x * sigmoid(x), sigmoid from the hardware exp and reciprocal. Large negative x: exp(-x) = inf,
 // rcp(inf) = 0, result -0; large positive: exp(-x) = 0, result x.
@@ -179,6 +262,70 @@ HIPDLRM_DEVICE float sigmoid_fast(float x) { return gpu::fast_rcp(1.0f + gpu::fa
 HIPDLRM_DEVICE float silu_fast(float x) { return x * sigmoid_fast(x); }
 // d SiLU / dx = sigmoid(x) * (1 + x * (1 - sigmoid(x)))
 HIPDLRM_DEVICE float silu_grad_fast(float x, float sig) { return sig * (1.0f + x * (1.0f - sig)); }
+
+// act(x) and, for the backward, act'(x), per Activation (hstu.h). act(0) = 0 for each. The exponentials
+// and reciprocals are the hardware's approximate ones (fast_exp, fast_rcp); docs/attention.md gives each
+// activation's error against its fp64 definition.
+template <Activation A>
+struct Act;
+
+template <>
+struct Act<Activation::kRaw> {
+  HIPDLRM_DEVICE static float f(float x) { return x; }
+  HIPDLRM_DEVICE static float fg(float x, float& g) {
+    g = 1.0f;
+    return x;
+  }
+};
+
+template <>
+struct Act<Activation::kRelu> {
+  HIPDLRM_DEVICE static float f(float x) { return x > 0.0f ? x : 0.0f; }
+  HIPDLRM_DEVICE static float fg(float x, float& g) {
+    g = x > 0.0f ? 1.0f : 0.0f;
+    return x > 0.0f ? x : 0.0f;
+  }
+};
+
+template <>
+struct Act<Activation::kSilu> {
+  HIPDLRM_DEVICE static float f(float x) { return silu_fast(x); }
+  HIPDLRM_DEVICE static float fg(float x, float& g) {
+    const float sig = sigmoid_fast(x);
+    g = silu_grad_fast(x, sig);
+    return x * sig;
+  }
+};
+
+// GeLU, erf form: x Phi(x) with Phi(x) = (1 + erf(x / sqrt 2)) / 2; derivative Phi(x) + x phi(x).
+template <>
+struct Act<Activation::kGelu> {
+  HIPDLRM_DEVICE static float f(float x) { return 0.5f * x * (1.0f + erff(0.70710678118654752f * x)); }
+  HIPDLRM_DEVICE static float fg(float x, float& g) {
+    const float cdf = 0.5f * (1.0f + erff(0.70710678118654752f * x));
+    g = cdf + x * 0.39894228040143268f * gpu::fast_exp(-0.5f * x * x);
+    return x * cdf;
+  }
+};
+
+// GeLU, tanh form: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed exactly as x sigmoid(2z)
+// (the same function) from one exp and one reciprocal. With s = sigmoid(2z):
+// derivative s + 2 x s (1 - s) z', z' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
+template <>
+struct Act<Activation::kFastGelu> {
+  static constexpr float kC1 = 1.5957691216057308f;           // 2 sqrt(2/pi)
+  static constexpr float kC3 = 1.5957691216057308f * 0.044715f;  // 2 sqrt(2/pi) * 0.044715
+  HIPDLRM_DEVICE static float f(float x) {
+    const float two_z = x * (kC1 + kC3 * x * x);
+    return x * sigmoid_fast(two_z);
+  }
+  HIPDLRM_DEVICE static float fg(float x, float& g) {
+    const float x2 = x * x;
+    const float s = sigmoid_fast(x * (kC1 + kC3 * x2));
+    g = s + x * s * (1.0f - s) * (kC1 + 3.0f * kC3 * x2);
+    return x * s;
+  }
+};
 
 // ---- program order ----------------------------------------------------------------------------------------
 // MI300/MI350 in SPX mode place workgroup p on XCD p mod 8, each XCD with a private L2. Renumber so that

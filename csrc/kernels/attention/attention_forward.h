@@ -1,0 +1,264 @@
+// The forward of the jagged pointwise-activation attention core, shared by HSTU and GDPA:
+//   O = (act(alpha q k^T + rab) (.) valid) v * s, per sample and query head (hstu.h).
+//
+// Thread mapping: one block per (sample, query head, 16*kWaves query rows); each wave owns 16 query rows and
+// walks the sample's key blocks of kBlockN keys that the mask does not rule out (whole masked-out blocks,
+// and masked-out 16-key sub-tiles within a wave, are skipped, not computed). Per key block: S = q k^T on
+// the matrix cores (fp32 accumulators), the activation and mask in registers, P packed straight into the
+// A operand of O += P v (mma_nt_packable), no shared-memory round trip for P. No softmax, so no running
+// max and no rescaling: O accumulates in registers and is scaled once at the end. Grouped kv heads: query
+// head h reads kv head h / (H / Hkv); neighbouring blocks are the query heads of one kv head, so its rows
+// are read from L2.
+//
+// AMD: 16x16x16 MFMA (wave64, 4 accumulators per lane), q kept in registers so its LDS staging is reused
+// by the key/value tile (64 KB of LDS), one stage, program ids remapped so each XCD walks contiguous
+// (sample, head) tiles. NVIDIA: mma.sync m16n8k16 with ldmatrix, cp.async double buffering.
+//
+// Variant V (HstuVariant, GdpaVariant<A>): V::Mask (HstuMask or WindowMask), V::kAct, and V::kHstu (alpha,
+// rab and the per-token scale are read; else alpha = 1 and there is neither).
+#pragma once
+
+#include "attention_core.h"
+#include "hstu.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace attention {
+
+struct HstuVariant {
+  using Mask = HstuMask;
+  static constexpr Activation kAct = Activation::kSilu;
+  static constexpr bool kHstu = true;
+};
+
+template <Activation A>
+struct GdpaVariant {
+  using Mask = WindowMask;
+  static constexpr Activation kAct = A;
+  static constexpr bool kHstu = false;
+};
+
+template <typename T, int kD, class V>
+__global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdConfig<kD>::kMinBlocks)
+    attention_forward_kernel(AttentionForwardArgs args, int num_qblocks) {
+  using Cfg = FwdConfig<kD>;
+  using M = gpu::Mma16<T>;
+  using F = Act<V::kAct>;
+  constexpr int kThreads = Cfg::kWaves * gpu::kWaveSize;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kLd = Cfg::kLd;
+  constexpr int kDT = kD / 16;  // 16-wide tiles across the head dim
+  constexpr int kNT = kBN / 16; // 16-key sub-tiles of a key block
+  constexpr int kMT = Cfg::kRowTiles;
+
+  extern __shared__ uint4 smem_raw[];
+  T* const smem = reinterpret_cast<T*>(smem_raw);
+  T* const kv_s = Cfg::kQAliasesStage ? smem : smem + kBM * kLd;
+  T* const q_s = smem;
+
+  const AttentionProblem& p = args.p;
+  const std::int64_t total = static_cast<std::int64_t>(num_qblocks) * p.heads * p.batch;
+  const std::int64_t id = xcd_remap(blockIdx.x, total);
+  // Longest rows (most keys under a causal mask) first.
+  const int qb = num_qblocks - 1 - static_cast<int>(id % num_qblocks);
+  const int h = static_cast<int>((id / num_qblocks) % p.heads);
+  const int b = static_cast<int>(id / (static_cast<std::int64_t>(num_qblocks) * p.heads));
+  const SampleRows rows = sample_rows(p, b);
+  const int nq = rows.nq, nkv = rows.nkv;
+  const int i0 = qb * kBM;
+  if (i0 >= nq) return;
+  const typename V::Mask mask = V::Mask::for_sample(p, b, rows);
+  const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
+  const int hk = h / (p.heads / kv_heads);
+
+  const std::int64_t q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
+  const std::int64_t o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
+  const std::int64_t k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
+  const std::int64_t v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
+  const T* const qg = static_cast<const T*>(args.q) + rows.q0 * q_stride + static_cast<std::int64_t>(h) * p.dqk;
+  const T* const kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
+  const T* const vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
+  const T* rab = nullptr;
+  if (V::kHstu && p.rab != nullptr) {
+    const std::int64_t rb = p.rab_batch == 1 ? 0 : b, rh = p.rab_heads == 1 ? 0 : h;
+    rab = static_cast<const T*>(p.rab) + (rb * p.rab_heads + rh) * p.max_seq_len * static_cast<std::int64_t>(p.max_seq_len);
+  }
+  const float alpha = V::kHstu ? p.alpha : 1.0f;
+
+  const int wave = gpu::wave_id(), lane = gpu::lane_id();
+  const int w0 = i0 + 16 * kMT * wave;  // this wave's first query row
+  const int ndt_v = p.dv / 16;
+  const int num_kblocks = (nkv + kBN - 1) / kBN;
+  auto next_block = [&](int jb) {
+    while (jb < num_kblocks && !mask.tile_any(i0, i0 + kBM, jb * kBN, jb * kBN + kBN)) ++jb;
+    return jb;
+  };
+
+  // q: staged once, then (usually) held in registers as A operands.
+  stage_tile<kBM, kD, kLd, kThreads>(q_s, qg, i0, nq, q_stride, p.dqk);
+  stage_commit();
+  constexpr int kQRegs = Cfg::kQInRegisters ? kDT : 1;
+  typename M::Op qop[kMT][kQRegs];
+  const T* const q_wave = q_s + 16 * kMT * wave * kLd;
+  if (Cfg::kQInRegisters) {
+    stage_wait<0>();
+    __syncthreads();
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+      for (int kt = 0; kt < kQRegs; ++kt) qop[mt][kt] = M::load_rows(q_wave + 16 * mt * kLd + 16 * kt, kLd);
+    if (Cfg::kQAliasesStage) __syncthreads();
+  }
+
+  int jb = next_block(0);
+  auto stage_kv = [&](int block, int stage) {
+    T* k_s = kv_s + stage * 2 * kBN * kLd;
+    stage_tile<kBN, kD, kLd, kThreads>(k_s, kg, static_cast<std::int64_t>(block) * kBN, nkv, k_stride, p.dqk);
+    stage_tile<kBN, kD, kLd, kThreads>(k_s + kBN * kLd, vg, static_cast<std::int64_t>(block) * kBN, nkv, v_stride, p.dv);
+  };
+  if (jb < num_kblocks) stage_kv(jb, 0);
+  stage_commit();
+  stage_wait<0>();
+  __syncthreads();
+
+  typename M::Acc o[kMT][kDT];
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int dt = 0; dt < kDT; ++dt) M::zero(o[mt][dt]);
+
+  int stage = 0;
+  while (jb < num_kblocks) {
+    const int jn = next_block(jb + 1);
+    if (Cfg::kStages > 1 && jn < num_kblocks) stage_kv(jn, stage ^ 1);
+    stage_commit();
+
+    const T* const k_s = kv_s + stage * 2 * kBN * kLd;
+    const T* const v_s = k_s + kBN * kLd;
+    const int j0 = jb * kBN;
+    // Straight-line matrix-core code per wave: independent accumulators interleave (no branch inside the
+    // unrolled loops), head-dim columns past dqk/dv are zeros in shared memory and add nothing.
+    if (mask.tile_any(w0, w0 + 16 * kMT, j0, j0 + kBN)) {
+      typename M::Acc s[kMT][kNT];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) M::zero(s[mt][nt]);
+#pragma unroll
+      for (int kt = 0; kt < kDT; ++kt) {
+        typename M::Op qa[kMT];
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+          qa[mt] = Cfg::kQInRegisters ? qop[mt][Cfg::kQInRegisters ? kt : 0]
+                                      : M::load_rows(q_wave + 16 * mt * kLd + 16 * kt, kLd);
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          const typename M::Op kb = M::load_rows(k_s + 16 * nt * kLd + 16 * kt, kLd);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) M::mma_nt_packable(s[mt][nt], qa[mt], kb);
+        }
+      }
+      if (rab == nullptr && mask.tile_all(w0, w0 + 16 * kMT, j0, j0 + kBN)) {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < M::kAcc; ++e) s[mt][nt].v[e] = F::f(V::kHstu ? alpha * s[mt][nt].v[e] : s[mt][nt].v[e]);
+      } else {
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < M::kAcc; ++e) {
+              const int i = w0 + 16 * mt + M::p_row(lane, e), j = j0 + 16 * nt + M::p_col(lane, e);
+              const bool inside = i < nq && j < nkv && mask.valid(i, j);
+              float x = V::kHstu ? alpha * s[mt][nt].v[e] : s[mt][nt].v[e];
+              if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+              s[mt][nt].v[e] = inside ? F::f(x) : 0.0f;
+            }
+      }
+      typename M::Op pop[kMT][kNT];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) pop[mt][nt] = M::pack(s[mt][nt]);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          const typename M::Op vb = M::load_cols(v_s + 16 * nt * kLd + 16 * dt, kLd);
+#pragma unroll
+          for (int mt = 0; mt < kMT; ++mt) M::mma(o[mt][dt], pop[mt][nt], vb);
+        }
+    }
+
+    if (Cfg::kStages > 1) {
+      stage_wait<0>();
+      __syncthreads();
+      stage ^= 1;
+    } else {
+      __syncthreads();
+      if (jn < num_kblocks) stage_kv(jn, 0);
+      stage_commit();
+      stage_wait<0>();
+      __syncthreads();
+    }
+    jb = jn;
+  }
+
+  // Epilogue: scale rows and store; rows past the sequence end are not written.
+  T* const og = static_cast<T*>(args.out) + rows.o0 * o_stride + static_cast<std::int64_t>(h) * p.dv;
+#pragma unroll
+  for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+    for (int e = 0; e < M::kAcc; ++e) {
+      const int i = w0 + 16 * mt + M::c_row(lane, e);
+      if (i < nq) {
+        const float scale =
+            V::kHstu && p.scale_per_token != nullptr ? p.scale_per_token[rows.q0 + i] : p.scale_value;
+#pragma unroll
+        for (int dt = 0; dt < kDT; ++dt) {
+          if (dt < ndt_v)
+            og[static_cast<std::int64_t>(i) * o_stride + 16 * dt + M::c_col(lane, e)] =
+                gpu::from_float<T>(o[mt][dt].v[e] * scale);
+        }
+      }
+    }
+}
+
+template <typename T, int kD, class V>
+gpu::status_t launch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  using Cfg = FwdConfig<kD>;
+  const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const std::int64_t blocks = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
+  if (blocks == 0) return gpu::kSuccess;
+  constexpr int kSmem = Cfg::template smem_bytes<T>();
+  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_kernel<T, kD, V>, kSmem);
+  if (st != gpu::kSuccess) return st;
+  attention_forward_kernel<T, kD, V>
+      <<<static_cast<unsigned>(blocks), Cfg::kWaves * gpu::kWaveSize, kSmem, stream>>>(args, num_qblocks);
+  return gpu::last_launch_status();
+}
+
+// By element type and head dim (the larger of dqk and dv, rounded up to an instantiated width).
+template <class V>
+gpu::status_t dispatch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
+  if (args.p.dtype == ElemType::kBFloat16) {
+    using T = gpu::bfloat16_t;
+    if (d <= 32) return launch_attention_forward<T, 32, V>(args, stream);
+    if (d <= 64) return launch_attention_forward<T, 64, V>(args, stream);
+    if (d <= 128) return launch_attention_forward<T, 128, V>(args, stream);
+    return launch_attention_forward<T, 256, V>(args, stream);
+  }
+  using T = gpu::half_t;
+  if (d <= 32) return launch_attention_forward<T, 32, V>(args, stream);
+  if (d <= 64) return launch_attention_forward<T, 64, V>(args, stream);
+  if (d <= 128) return launch_attention_forward<T, 128, V>(args, stream);
+  return launch_attention_forward<T, 256, V>(args, stream);
+}
+
+}  // namespace attention
+}  // namespace kernels
+}  // namespace hipdlrm

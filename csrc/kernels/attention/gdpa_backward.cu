@@ -1,0 +1,29 @@
+// GDPA backward: dQ, dK, dV of O = act(q k^T) (.) [|i - j| <= window] v * qk_scale, grouped kv
+// heads, dense KV and broadcast q, on the shared backward core (attention_backward.h: thread mapping,
+// matrix-core tiles, AMD choices). One instantiation per activation, so the activation and its derivative
+// are straight-line code inside the tile loop.
+#include "attention_backward.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace attention {
+
+gpu::status_t gdpa_backward(const AttentionBackwardArgs& args, gpu::stream_t stream) {
+  switch (args.p.activation) {
+    case Activation::kRaw:
+      return dispatch_attention_backward<GdpaVariant<Activation::kRaw>>(args, stream);
+    case Activation::kRelu:
+      return dispatch_attention_backward<GdpaVariant<Activation::kRelu>>(args, stream);
+    case Activation::kGelu:
+      return dispatch_attention_backward<GdpaVariant<Activation::kGelu>>(args, stream);
+    case Activation::kFastGelu:
+      return dispatch_attention_backward<GdpaVariant<Activation::kFastGelu>>(args, stream);
+    case Activation::kSilu:
+      break;
+  }
+  return dispatch_attention_backward<GdpaVariant<Activation::kSilu>>(args, stream);
+}
+
+}  // namespace attention
+}  // namespace kernels
+}  // namespace hipdlrm
