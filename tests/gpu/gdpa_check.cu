@@ -4,7 +4,8 @@
 // passes. Build and run (repository root):
 //   nvcc -std=c++17 -O2 -arch=sm_90 -Icsrc/include -Icsrc/kernels tests/gpu/gdpa_check.cu \
 //        csrc/kernels/attention/gdpa_forward.cu csrc/kernels/attention/gdpa_backward.cu -o /tmp/gdpa_check
-//   /tmp/gdpa_check
+//   /tmp/gdpa_check            # correctness cases
+//   /tmp/gdpa_check --bench    # + timing of Meta's GDPA shape (B=1152, H=4, D=128, full length 1024, bf16)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -234,9 +235,92 @@ bool run(const Case& c, std::mt19937& rng) {
   return ok;
 }
 
+// Deterministic pseudo-random bf16 in [-r, r) without a host round trip.
+__global__ void init_bf16(std::uint16_t* x, std::int64_t n, std::uint32_t seed, float r) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    const float f = (static_cast<float>(h & 0xffffffu) / 16777216.0f * 2.0f - 1.0f) * r;
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    x[i] = static_cast<std::uint16_t>(u >> 16);
+  }
+}
+
+// Forward and backward time of a dense problem (every sample max length on both sides), TFLOP/s with
+// forward FLOPs = 4 H D sum Lq Lkv and backward 2.5x that.
+void bench(attn::Activation a, const char* name, int B, int H, int D, int N) {
+  const std::int64_t L = static_cast<std::int64_t>(B) * N, n = L * H * D;
+  std::vector<std::int64_t> off(B + 1);
+  for (int b = 0; b <= B; ++b) off[b] = static_cast<std::int64_t>(b) * N;
+  void* doff = dev(off.data(), off.size() * 8);
+  std::uint16_t *q, *k, *v, *o, *go, *gq, *gk, *gv;
+  float* acc;
+  for (std::uint16_t** t : {&q, &k, &v, &o, &go, &gq, &gk, &gv}) CHECK_CUDA(cudaMalloc(t, n * 2));
+  CHECK_CUDA(cudaMalloc(&acc, n * 4));
+  const float r = 1.7f / std::sqrt(std::sqrt(static_cast<float>(D)));
+  init_bf16<<<1024, 256>>>(q, n, 1, r);
+  init_bf16<<<1024, 256>>>(k, n, 2, r);
+  init_bf16<<<1024, 256>>>(v, n, 3, 1.0f);
+  init_bf16<<<1024, 256>>>(go, n, 4, 1.0f);
+  attn::AttentionProblem p;
+  p.batch = B;
+  p.heads = p.kv_heads = H;
+  p.dqk = p.dv = D;
+  p.max_seq_len = p.max_seq_len_kv = N;
+  p.total_tokens = L;
+  p.seq_offsets = p.kv_offsets = static_cast<const std::int64_t*>(doff);
+  p.kv_dense_len = N;
+  p.causal = false;
+  p.activation = a;
+  p.dtype = attn::ElemType::kBFloat16;
+  attn::AttentionForwardArgs fa;
+  fa.p = p;
+  fa.q = q;
+  fa.k = k;
+  fa.v = v;
+  fa.out = o;
+  attn::AttentionBackwardArgs ba;
+  ba.p = p;
+  ba.q = q;
+  ba.k = k;
+  ba.v = v;
+  ba.grad_out = go;
+  ba.grad_q = gq;
+  ba.grad_k = gk;
+  ba.grad_v = gv;
+  ba.grad_q_accum = acc;
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  const double flops = 4.0 * H * D * static_cast<double>(B) * N * N;
+  const int iters = 5;
+  float ms[2];
+  for (int pass = 0; pass < 2; ++pass) {
+    for (int it = 0; it < iters + 1; ++it) {
+      if (it == 1) CHECK_CUDA(cudaEventRecord(e0));
+      if (pass == 1) CHECK_CUDA(cudaMemsetAsync(acc, 0, n * 4));
+      CHECK_CUDA(pass == 0 ? attn::gdpa_forward(fa, nullptr) : attn::gdpa_backward(ba, nullptr));
+    }
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    CHECK_CUDA(cudaEventElapsedTime(&ms[pass], e0, e1));
+    ms[pass] /= iters;
+  }
+  std::printf("bench gdpa %-9s bf16 B=%d H=%d D=%d N=%d: fwd %.3f ms %.1f TFLOP/s  bwd %.3f ms %.1f TFLOP/s (incl. dQ zeroing)\n",
+              name, B, H, D, N, ms[0], flops / ms[0] * 1e-9, ms[1], 2.5 * flops / ms[1] * 1e-9);
+  for (void* t : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
+                  static_cast<void*>(go), static_cast<void*>(gq), static_cast<void*>(gk), static_cast<void*>(gv),
+                  static_cast<void*>(acc), doff})
+    CHECK_CUDA(cudaFree(t));
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   using A = attn::Activation;
   const std::vector<Case> cases = {
       {"gelu bf16 d128 h2/2 ragged+empty", A::kGelu, true, 128, 2, 2, {1, 70, 130, 0, 64}, {1, 70, 130, 0, 64}, -1, false, false},
@@ -254,5 +338,12 @@ int main() {
   int failed = 0;
   for (const Case& c : cases) failed += run(c, rng) ? 0 : 1;
   std::printf("%d/%zu cases passed\n", static_cast<int>(cases.size()) - failed, cases.size());
+  if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
+    for (int n : {256, 1024, 2048}) {
+      bench(attn::Activation::kGelu, "gelu", 1152, 4, 128, n);
+      bench(attn::Activation::kFastGelu, "fast_gelu", 1152, 4, 128, n);
+    }
+    bench(attn::Activation::kRaw, "raw", 1152, 4, 128, 1024);
+  }
   return failed == 0 ? 0 : 1;
 }
