@@ -12,8 +12,8 @@ nvcc "${F[@]}" -Icsrc/kernels -c csrc/kernels/attention/gdpa_backward.cu -o $bwd
 for v in $1; do
   IFS=: read -r name mt bn waves minb <<< "$v"
   d=/tmp/fwdvar_$name; rm -rf "$d"; mkdir -p "$d"; cp -r csrc/kernels/attention "$d/"
-  sed -i -e "27s/kWaves = 4;/kWaves = $waves;/" -e "33s/kRowTiles = 1;/kRowTiles = $mt;/" \
-         -e "40s/kBlockN = 64;/kBlockN = $bn;/" -e "48s/kMinBlocks = kD <= 64 ? 3 : 1;/kMinBlocks = $minb;/" \
+  sed -i -e "0,/kWaves = 4;/s//kWaves = $waves;/" -e "s/kRowTiles = kD == 128 ? 2 : 1;/kRowTiles = $mt;/" \
+         -e "s/kBlockN = kRowTiles == 2 ? 32 : 64;/kBlockN = $bn;/" -e "s/kMinBlocks = kD <= 64 ? 3 : 1;/kMinBlocks = $minb;/" \
          "$d/attention/attention_core.h"
   (nvcc "${F[@]}" -I"$d" -Xptxas -v -c "$d/attention/gdpa_forward.cu" -o "$d/fwd.o" > "$d/build.log" 2>&1 &&
    nvcc "${F[@]}" -I"$d" -c tests/gpu/gdpa_check.cu -o "$d/check.o" &&

@@ -28,16 +28,19 @@ struct FwdConfig {
 #if defined(HIPDLRM_PLATFORM_HIP)
   static constexpr int kRowTiles = 1;  // 16-row tiles per wave
 #else
-  // One 16-row tile per warp. Two (each k/v fragment feeding two MMAs) measured slower on the H200 at head
-  // dim 128: the doubled accumulators spill to local memory.
-  static constexpr int kRowTiles = 1;
+  // Head dim 128: two 16-row tiles per warp (each k/v fragment feeds two MMAs) with 32 keys per step (with
+  // 64 the doubled accumulators spill to local memory; with 32 they fit in 255 registers). Measured on the
+  // H200 (scripts/attn_fwd_variants.sh, bf16 d128): GDPA N=1024 fast_gelu 187 -> 216 TFLOP/s, gelu 155 ->
+  // 160, raw 213 -> 263; HSTU causal B=512 N=1024 / 2048 / 4096: 126 / 156 / 178 -> 123 / 161 / 191.
+  // Eight warps per block (one tile each, or two) measured slower.
+  static constexpr int kRowTiles = kD == 128 ? 2 : 1;
 #endif
   static constexpr int kBlockM = 16 * kRowTiles * kWaves;
 #if defined(HIPDLRM_PLATFORM_HIP)
   static constexpr int kBlockN = kD >= 256 ? 32 : 64;
   static constexpr int kStages = 1;
 #else
-  static constexpr int kBlockN = 64;
+  static constexpr int kBlockN = kRowTiles == 2 ? 32 : 64;
   static constexpr int kStages = 2;
 #endif
   // Occupancy knob (blocks per multiprocessor; caps registers per thread). Measured on the H200 (bf16,
