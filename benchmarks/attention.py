@@ -1,6 +1,7 @@
-"""Benchmark of hipdlrm's HSTU attention (forward and backward) against causal SDPA and plain PyTorch.
+"""Benchmark of hipdlrm's attention ops (forward and backward): HSTU (the default, --op hstu) against
+causal SDPA and plain PyTorch, and GDPA (--op gdpa) against non-causal SDPA and plain PyTorch.
 
-Workload (generative-recommenders' HSTU attention benchmark)
+HSTU workload (generative-recommenders' HSTU attention benchmark)
   B = 512 sequences, H = 4 heads, Dqk = Dv = 128 (and 64), max_seq_len N = 1024, 2048, 4096, sequence
   lengths uniform in [0.9 N, N) (their "sparsity 0.95"), bf16, causal, alpha = 1 / Dqk, the default
   scale 1 / N, no targets, no rab.
@@ -28,10 +29,31 @@ is not flushed between iterations.
 Before timing, hipdlrm's forward and gradients on the first sequences are checked against the padded
 plain-PyTorch computation in fp32; the run aborts on a mismatch. Targets (issue 6, bf16, D = 128):
 forward >= 350 and backward >= 250 TFLOP/s at N = 1024, and higher at 2048 and 4096.
+
+GDPA workload (--op gdpa; Meta's GDPA benchmark)
+  B = 1152 samples, H = 4 query and kv heads, D = 128, bf16, activations gelu and fast_gelu,
+  qk_scale = 1 / max_seq_len_kv, no window, and two forms:
+  jagged  query and key lengths equal per sample, max length N = 256, 512, 1024, 2048, at sparsity 0.5
+          and 1.0. Sparsity s = mean sample length / N: lengths are uniform integers in
+          [round(max(0, 2s - 1) N), round(min(1, 2s) N)] from a generator seeded by --seed and the shape
+          (s = 1.0: every sample has N; s = 0.5: uniform in [0, N]).
+  pffn    dense keys: every sample has 256 keys (key_offset = arange(B + 1) * 256), query lengths N =
+          256 .. 2048 at sparsity 1.0.
+  --small   B = 4, H = 2, D = 64, N = 64 and 128, PFFN keys 32 (the default on the CPU; a few seconds).
+FLOPs over the jagged lengths: forward 4 H D sum_b(Lq_b Lkv_b) (Q K^T and P V), backward 2.5 times that.
+Variants: hipdlrm (gdpa_fwd; backward through gdpa_bwd) per activation; sdpa, non-causal
+F.scaled_dot_product_attention on padded [B, H, Nq, D] / [B, H, Nkv, D] inputs (softmax: the speed of the
+best attention kernel at the same shapes, measured once per shape); torch, the padded plain-PyTorch GDPA
+per activation (skipped where its [B, H, Nq, Nkv] intermediates do not fit). Iterations shrink with the
+shape (20, 10, 5 on a GPU) unless --iters is given. Each activation is checked on the first samples
+against the padded computation in fp32 before timing. Targets (issue 7, bf16, D = 128, sparsity 1.0):
+forward >= 400 and backward >= 250 TFLOP/s at N = 1024 for gelu and for fast_gelu; PFFN forward >= 300
+TFLOP/s at query length 1024.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
@@ -107,14 +129,19 @@ def make_workload(batch: int, heads: int, dim: int, n_max: int, dtype: torch.dty
                     randn(total, heads, dim), randn(total, heads, dim), offsets)
 
 
-def pad(x: torch.Tensor, wl: Workload) -> torch.Tensor:
-    """[L, H, D] -> [B, H, N, D], zeros past each sequence."""
-    out = x.new_zeros(wl.batch, wl.n_max, x.shape[1], x.shape[2])
+def pad_rows(x: torch.Tensor, lengths: List[int], n_max: int) -> torch.Tensor:
+    """[L, H, D] jagged by `lengths` -> [B, H, N, D], zeros past each sequence."""
+    out = x.new_zeros(len(lengths), n_max, x.shape[1], x.shape[2])
     start = 0
-    for b, n in enumerate(wl.lengths):
+    for b, n in enumerate(lengths):
         out[b, :n] = x[start:start + n]
         start += n
     return out.transpose(1, 2).contiguous()
+
+
+def pad(x: torch.Tensor, wl: Workload) -> torch.Tensor:
+    """[L, H, D] -> [B, H, N, D], zeros past each sequence."""
+    return pad_rows(x, wl.lengths, wl.n_max)
 
 
 def padded_mask(wl: Workload, device: torch.device) -> torch.Tensor:
@@ -293,6 +320,348 @@ def evaluate_targets(rows: List[dict]) -> List[dict]:
     return targets
 
 
+# ----------------------------------------------------------------------------------------------
+# GDPA (--op gdpa)
+# ----------------------------------------------------------------------------------------------
+
+GDPA_DEFAULT = dict(batch=1152, heads=4, head_dims=[128], seq_lens=[256, 512, 1024, 2048], sparsities=[0.5, 1.0],
+                    activations=["gelu", "fast_gelu"], pffn_kv_len=256)
+GDPA_SMALL = dict(batch=4, heads=2, head_dims=[64], seq_lens=[64, 128], sparsities=[0.5, 1.0],
+                  activations=["gelu", "fast_gelu"], pffn_kv_len=32)
+GDPA_ACTIVATIONS = ["raw", "relu", "gelu", "fast_gelu", "silu"]
+JAGGED = "jagged"
+PFFN = "pffn"
+GDPA_BWD_FLOP_FACTOR = 2.5
+GDPA_TARGET_DIM = 128
+GDPA_TARGET_N = 1024
+GDPA_TARGET_FWD = 400.0
+GDPA_TARGET_BWD = 250.0
+GDPA_TARGET_PFFN_FWD = 300.0
+
+
+@dataclass
+class GdpaWorkload:
+    form: str                # JAGGED: query and key lengths equal per sample; PFFN: dense keys
+    batch: int
+    heads: int
+    dim: int
+    n_q: int                 # max_seq_len_q
+    n_kv: int                # max_seq_len_kv
+    sparsity: float
+    dtype: torch.dtype
+    q_lengths: List[int]
+    kv_lengths: List[int]
+    query: torch.Tensor      # [Lq, H, D] jagged
+    key: torch.Tensor        # [Lkv, H, D] jagged
+    value: torch.Tensor
+    grad_out: torch.Tensor   # [Lq, H, D]
+    query_offset: torch.Tensor
+    key_offset: torch.Tensor
+
+    @property
+    def qk_scale(self) -> float:
+        return 1.0 / max(self.n_kv, 1)
+
+    def label(self) -> str:
+        return f"{self.form} Nq={self.n_q} Nkv={self.n_kv} s={self.sparsity:g} D={self.dim}"
+
+    def flops(self, padded: bool = False) -> Tuple[float, float]:
+        """(forward, backward): 4 H D sum(Lq Lkv) and 2.5 times that; padded: B Nq Nkv pairs."""
+        pairs = (float(self.batch * self.n_q * self.n_kv) if padded
+                 else float(sum(a * b for a, b in zip(self.q_lengths, self.kv_lengths))))
+        forward = 4 * self.heads * self.dim * pairs
+        return forward, GDPA_BWD_FLOP_FACTOR * forward
+
+    def head(self, samples: int) -> "GdpaWorkload":
+        """The first `samples` samples as a workload of their own."""
+        b = min(samples, self.batch)
+        lq, lkv = sum(self.q_lengths[:b]), sum(self.kv_lengths[:b])
+        return dataclasses.replace(self, batch=b, q_lengths=self.q_lengths[:b], kv_lengths=self.kv_lengths[:b],
+                                   query=self.query[:lq], key=self.key[:lkv], value=self.value[:lkv],
+                                   grad_out=self.grad_out[:lq], query_offset=self.query_offset[:b + 1],
+                                   key_offset=self.key_offset[:b + 1])
+
+
+def sparse_lengths(batch: int, n: int, sparsity: float, gen: torch.Generator) -> List[int]:
+    """Lengths with mean sparsity * n: uniform integers in [round(max(0, 2s - 1) n), round(min(1, 2s) n)]
+    (s = 1: every length n; s = 0.5: uniform in [0, n])."""
+    lo, hi = round(max(0.0, 2 * sparsity - 1) * n), round(min(1.0, 2 * sparsity) * n)
+    return torch.randint(lo, hi + 1, (batch,), generator=gen).tolist()
+
+
+def make_gdpa_workload(form: str, batch: int, heads: int, dim: int, n_q: int, n_kv: int, sparsity: float,
+                       dtype: torch.dtype, device: torch.device, seed: int) -> GdpaWorkload:
+    gen = torch.Generator().manual_seed(seed)
+    q_lengths = sparse_lengths(batch, n_q, sparsity, gen)
+    kv_lengths = list(q_lengths) if form == JAGGED else [n_kv] * batch
+    values = torch.Generator(device=device).manual_seed(seed)
+
+    def randn(rows: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(rows, heads, dim, generator=values, device=device) * scale).to(dtype)
+
+    lq, lkv = sum(q_lengths), sum(kv_lengths)
+    # Scores of O(1) (query and key scaled by D^-1/4), where the activations bend.
+    s = dim ** -0.25
+
+    def offsets(lengths: List[int]) -> torch.Tensor:
+        return torch.tensor([0] + lengths, device=device).cumsum(0)
+
+    return GdpaWorkload(form, batch, heads, dim, n_q, n_kv, sparsity, dtype, q_lengths, kv_lengths, randn(lq, s),
+                        randn(lkv, s), randn(lkv), randn(lq), offsets(q_lengths), offsets(kv_lengths))
+
+
+def gdpa_configs(cfg: dict) -> List[Tuple[str, int, int, float]]:
+    """(form, n_q, n_kv, sparsity): the jagged self-attention shapes at every sparsity, then PFFN (dense keys
+    of pffn_kv_len, full query sequences)."""
+    configs = [(JAGGED, n, n, s) for n in cfg["seq_lens"] for s in cfg["sparsities"]]
+    return configs + [(PFFN, n, cfg["pffn_kv_len"], 1.0) for n in cfg["seq_lens"]]
+
+
+def hipdlrm_gdpa(wl: GdpaWorkload, activation: str, q, k, v) -> torch.Tensor:
+    return torch.ops.hipdlrm.gdpa_fwd(q, k, v, wl.query_offset, wl.key_offset, wl.n_q, wl.n_kv, activation,
+                                      wl.qk_scale, None, False)
+
+
+def torch_activation(s: torch.Tensor, activation: str) -> torch.Tensor:
+    if activation == "raw":
+        return s
+    if activation == "relu":
+        return F.relu(s)
+    if activation == "gelu":
+        return F.gelu(s)
+    if activation == "fast_gelu":
+        return F.gelu(s, approximate="tanh")
+    return F.silu(s)
+
+
+def torch_gdpa(q, k, v, mask: torch.Tensor, activation: str, qk_scale: float) -> torch.Tensor:
+    """Padded plain-PyTorch GDPA on [B, H, Nq, D] queries and [B, H, Nkv, D] keys and values."""
+    p = (torch_activation(torch.matmul(q, k.transpose(-1, -2)), activation) * qk_scale).masked_fill(~mask, 0)
+    return torch.matmul(p, v)
+
+
+def gdpa_mask(wl: GdpaWorkload, device: torch.device) -> torch.Tensor:
+    """[B, 1, Nq, Nkv] bool: inside the sample's query and key sequences."""
+    rows = torch.arange(wl.n_q, device=device).view(1, -1) < torch.tensor(wl.q_lengths, device=device).view(-1, 1)
+    cols = torch.arange(wl.n_kv, device=device).view(1, -1) < torch.tensor(wl.kv_lengths, device=device).view(-1, 1)
+    return (rows.unsqueeze(2) & cols.unsqueeze(1)).unsqueeze(1)
+
+
+def padded_gdpa_inputs(wl: GdpaWorkload, dtype: Optional[torch.dtype] = None):
+    """Padded query, key, value (requiring grad) and grad_out, optionally converted to `dtype`."""
+    def conv(x):
+        return x if dtype is None else x.to(dtype)
+
+    q = pad_rows(conv(wl.query), wl.q_lengths, wl.n_q).requires_grad_()
+    k = pad_rows(conv(wl.key), wl.kv_lengths, wl.n_kv).requires_grad_()
+    v = pad_rows(conv(wl.value), wl.kv_lengths, wl.n_kv).requires_grad_()
+    return q, k, v, pad_rows(conv(wl.grad_out), wl.q_lengths, wl.n_q)
+
+
+def verify_gdpa(wl: GdpaWorkload, activation: str, device: torch.device, samples: int = 3) -> None:
+    """hipdlrm on the first samples against the padded plain-PyTorch computation in fp32."""
+    sub = wl.head(samples)
+    q, k, v = (x.detach().clone().requires_grad_() for x in (sub.query, sub.key, sub.value))
+    out = hipdlrm_gdpa(sub, activation, q, k, v)
+    got = [out.detach()] + list(torch.autograd.grad(out, (q, k, v), sub.grad_out))
+
+    qp, kp, vp, gp = padded_gdpa_inputs(sub, torch.float32)
+    ref = torch_gdpa(qp, kp, vp, gdpa_mask(sub, device), activation, sub.qk_scale)
+    grads = torch.autograd.grad(ref, (qp, kp, vp), gp)
+    problems = []
+    lengths = [sub.q_lengths, sub.q_lengths, sub.kv_lengths, sub.kv_lengths]
+    for name, g, r, lens in zip(("out", "dq", "dk", "dv"), got, [ref] + list(grads), lengths):
+        r = torch.cat([r[i, :, :n].transpose(0, 1) for i, n in enumerate(lens)]).detach()
+        err = float((g.float() - r).abs().max()) if r.numel() else 0.0
+        scale = float(r.abs().max()) if r.numel() else 0.0
+        if not err <= 2e-2 * scale:
+            problems.append(f"{name}: max error {err:.3e} > 2% of max |reference| {scale:.3e}")
+    if problems:
+        raise SystemExit(f"error: hipdlrm gdpa check failed ({wl.label()}, {activation}):\n  " + "\n  ".join(problems))
+
+
+def build_hipdlrm_gdpa(wl: GdpaWorkload, activation: str, device: torch.device) -> Fns:
+    q, k, v = (x.detach().requires_grad_() for x in (wl.query, wl.key, wl.value))
+    out = hipdlrm_gdpa(wl, activation, q, k, v)
+    return (lambda: hipdlrm_gdpa(wl, activation, q, k, v),
+            lambda: torch.autograd.grad(out, (q, k, v), wl.grad_out, retain_graph=True))
+
+
+def build_sdpa_gdpa(wl: GdpaWorkload, activation: Optional[str], device: torch.device) -> Fns:
+    q, k, v, grad_out = padded_gdpa_inputs(wl)
+    out = F.scaled_dot_product_attention(q, k, v)
+    return (lambda: F.scaled_dot_product_attention(q, k, v),
+            lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True))
+
+
+def build_torch_gdpa(wl: GdpaWorkload, activation: str, device: torch.device) -> Fns:
+    elem = torch.tensor([], dtype=wl.dtype).element_size()
+    scores = wl.batch * wl.heads * wl.n_q * wl.n_kv
+    need, free = TORCH_PEAK_SCORE_TENSORS * scores * elem + scores // wl.heads, free_bytes(device)
+    if free is not None and need > 0.9 * free:
+        raise SkipVariant(f"needs ~{need / 1e9:.0f} GB for its [B, H, Nq, Nkv] intermediates, "
+                          f"{free / 1e9:.0f} GB free")
+    q, k, v, grad_out = padded_gdpa_inputs(wl)
+    mask = gdpa_mask(wl, device)
+    out = torch_gdpa(q, k, v, mask, activation, wl.qk_scale)
+    return (lambda: torch_gdpa(q, k, v, mask, activation, wl.qk_scale),
+            lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True))
+
+
+def gdpa_iters(forward_flops: float, device: torch.device) -> Tuple[int, int]:
+    """(warmup, iters): fewer for the big shapes, whose medians are stable anyway."""
+    if device.type != "cuda":
+        return 1, 3
+    if forward_flops < 2e12:
+        return 5, 20
+    if forward_flops < 8e12:
+        return 3, 10
+    return 2, 5
+
+
+def measure_gdpa(wl: GdpaWorkload, activations: List[str], baselines: bool, device: torch.device,
+                 warmup: int, iters: int, progress: Progress) -> List[dict]:
+    """Times hipdlrm per activation, SDPA once (softmax; the activation does not apply), and the padded
+    plain-PyTorch GDPA per activation; each variant is built, timed and freed before the next."""
+    flops = {False: wl.flops(), True: wl.flops(padded=True)}
+    variants: List[Tuple[str, Optional[str], Callable]] = []
+    if HIPDLRM_ERROR is None:
+        variants += [(HIP, a, build_hipdlrm_gdpa) for a in activations]
+    if baselines:
+        variants += [(SDPA, None, build_sdpa_gdpa)] + [(TORCH, a, build_torch_gdpa) for a in activations]
+    rows = []
+    for name, activation, build in variants:
+        base = {"form": wl.form, "sparsity": wl.sparsity, "n_q": wl.n_q, "n_kv": wl.n_kv, "dim": wl.dim,
+                "activation": activation or "softmax", "variant": name, "batch": wl.batch, "heads": wl.heads,
+                "dtype": str(wl.dtype).replace("torch.", ""),
+                "sum_lq_lkv": sum(a * b for a, b in zip(wl.q_lengths, wl.kv_lengths))}
+        try:
+            fns: Optional[Fns] = build(wl, activation, device)
+            reason = None
+        except SkipVariant as exc:
+            fns, reason = None, str(exc)
+        except torch.cuda.OutOfMemoryError:
+            fns, reason = None, "out of memory"
+        for d, direction in enumerate(("forward", "backward")):
+            row = {**base, "direction": direction}
+            what = f"{wl.label()} {direction}: {name}" + (f" {activation}" if activation else "")
+            if fns is None:
+                progress.step(f"{what} skipped ({reason})")
+                rows.append({**row, "skipped": reason})
+                continue
+            progress.step(what)
+            try:
+                t = time_fn(fns[d], device=device, warmup=warmup, iters=iters, flush_l2=False)
+            except torch.cuda.OutOfMemoryError:
+                rows.append({**row, "skipped": "out of memory"})
+                continue
+            sec = t["median_ms"] * 1e-3
+            rows.append({**row, "ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"], "iters": iters,
+                         "tflops": flops[False][d] / sec / 1e12,
+                         "tflops_padded": flops[True][d] / sec / 1e12 if name != HIP else None})
+        del fns
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    timed = {(r["variant"], r["activation"], r["direction"]): r for r in rows if "ms" in r}
+    for r in rows:
+        if r["variant"] != HIP or "ms" not in r:
+            continue
+        sdpa = timed.get((SDPA, "softmax", r["direction"]))
+        plain = timed.get((TORCH, r["activation"], r["direction"]))
+        r["vs_sdpa"] = sdpa["ms"] / r["ms"] if sdpa else None
+        r["vs_torch"] = plain["ms"] / r["ms"] if plain else None
+    return rows
+
+
+def gdpa_targets(rows: List[dict], activations: List[str]) -> List[dict]:
+    def value(form: str, direction: str, activation: str) -> Optional[float]:
+        for r in rows:
+            if (r["variant"], r["form"], r["direction"], r["activation"], r["dim"], r["n_q"], r["sparsity"],
+                    r["dtype"]) == (HIP, form, direction, activation, GDPA_TARGET_DIM, GDPA_TARGET_N, 1.0,
+                                    "bfloat16") and "tflops" in r:
+                return r["tflops"]
+        return None
+
+    def target(text: str, v: Optional[float], goal: float) -> dict:
+        return {"target": text, "value": v, "goal": f">= {goal:g}",
+                "status": "n/a" if v is None else ("PASS" if v >= goal else "FAIL")}
+
+    targets = []
+    for activation in [a for a in ("gelu", "fast_gelu") if a in activations]:
+        where = f"N={GDPA_TARGET_N}, sparsity 1.0, {activation} (bf16, D={GDPA_TARGET_DIM})"
+        targets.append(target(f"forward TFLOP/s, {where}", value(JAGGED, "forward", activation), GDPA_TARGET_FWD))
+        targets.append(target(f"backward TFLOP/s, {where}", value(JAGGED, "backward", activation), GDPA_TARGET_BWD))
+        targets.append(target(f"PFFN forward TFLOP/s, Nq={GDPA_TARGET_N}, {activation}",
+                              value(PFFN, "forward", activation), GDPA_TARGET_PFFN_FWD))
+    return targets
+
+
+def main_gdpa(args: argparse.Namespace, device: torch.device) -> int:
+    small = args.small or device.type != "cuda"
+    cfg = dict(GDPA_SMALL if small else GDPA_DEFAULT)
+    for key in ("batch", "heads", "head_dims", "seq_lens", "sparsities", "activations", "pffn_kv_len"):
+        if getattr(args, key) is not None:
+            cfg[key] = getattr(args, key)
+    dtype = DTYPES[args.dtype]
+    issue_workload = (cfg["batch"], cfg["heads"], dtype) == (GDPA_DEFAULT["batch"], GDPA_DEFAULT["heads"],
+                                                             torch.bfloat16)
+    if HIPDLRM_ERROR is not None:
+        print(f"error: {HIPDLRM_ERROR}; timing the PyTorch variants only", file=sys.stderr)
+
+    configs = gdpa_configs(cfg)
+    print(f"device: {device}  GDPA B={cfg['batch']} H={cfg['heads']} D={cfg['head_dims']} N={cfg['seq_lens']} "
+          f"sparsity={cfg['sparsities']} PFFN Nkv={cfg['pffn_kv_len']} {args.dtype} "
+          f"activations={cfg['activations']}; iters {args.iters or 'by size'}")
+    n_act = len(cfg["activations"])
+    per_config = 2 * ((n_act if HIPDLRM_ERROR is None else 0) + (0 if args.no_baselines else 1 + n_act))
+    progress = Progress(per_config * len(configs) * len(cfg["head_dims"]))
+    rows: List[dict] = []
+    for dim in cfg["head_dims"]:
+        for i, (form, n_q, n_kv, sparsity) in enumerate(configs):
+            wl = make_gdpa_workload(form, cfg["batch"], cfg["heads"], dim, n_q, n_kv, sparsity, dtype, device,
+                                    args.seed + i)
+            warmup, iters = gdpa_iters(wl.flops()[0], device)
+            if args.iters is not None:
+                iters = args.iters
+            if args.warmup is not None:
+                warmup = args.warmup
+            if HIPDLRM_ERROR is None:
+                for activation in cfg["activations"]:
+                    verify_gdpa(wl, activation, device)
+            rows += measure_gdpa(wl, cfg["activations"], not args.no_baselines, device, warmup, iters, progress)
+            del wl
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    columns = [("form", "form"), ("sparsity", "s"), ("n_q", "Nq"), ("n_kv", "Nkv"), ("dim", "D"),
+               ("direction", "dir"), ("variant", "variant"), ("activation", "act"), ("ms", "ms", ".3f"),
+               ("tflops", "TFLOP/s", ".4g"), ("tflops_padded", "padded TFLOP/s", ".4g"),
+               ("vs_sdpa", "x sdpa", ".2f"), ("vs_torch", "x torch", ".2f"), ("skipped", "skipped")]
+    print()
+    print_table(rows, columns)
+    print("\nTFLOP/s: 4 H D sum(Lq Lkv) (forward; backward 2.5x) / time, for every variant; padded TFLOP/s: the "
+          "padded variants' own work (B Nq Nkv pairs) / time; x sdpa, x torch: that variant's time / hipdlrm's "
+          "(> 1: hipdlrm is faster).")
+
+    targets = gdpa_targets(rows, cfg["activations"])
+    note = "" if issue_workload and not small else ", not the issue's workload: not the issue targets"
+    print_targets(f"{HIP} gdpa{note}", targets)
+
+    extra = {
+        "config": {**vars(args), **cfg, "dtype": args.dtype, "small": small},
+        "flops": "forward 4 H D sum(Lq Lkv); backward 2.5 x forward",
+        "sparsity": "lengths uniform in [round(max(0, 2s - 1) N), round(min(1, 2s) N)], mean s N; PFFN: keys dense",
+        "targets": targets,
+        "hipdlrm_error": HIPDLRM_ERROR,
+    }
+    path = write_results("gdpa", rows, extra, device=device, out=args.out)
+    print(f"\nresults: {path}")
+    if HIPDLRM_ERROR is not None:
+        print(f"error: hipdlrm was not timed: {HIPDLRM_ERROR}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def int_list(text: str) -> List[int]:
     try:
         values = [int(x) for x in text.split(",") if x]
@@ -303,37 +672,81 @@ def int_list(text: str) -> List[int]:
     return values
 
 
+def float_list(text: str) -> List[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+    if not values or any(not 0 < x <= 1 for x in values):
+        raise argparse.ArgumentTypeError(f"expected values in (0, 1], got {text!r}")
+    return values
+
+
+def activation_list(text: str) -> List[str]:
+    values = [x for x in text.split(",") if x]
+    bad = [x for x in values if x not in GDPA_ACTIVATIONS]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {','.join(GDPA_ACTIVATIONS)}, "
+                                         f"got {text!r}")
+    return values
+
+
+GDPA_ONLY_FLAGS = ("sparsities", "activations", "pffn_kv_len")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        description="Benchmark hipdlrm HSTU attention (forward and backward) against causal SDPA and the padded "
-                    "plain-PyTorch HSTU.",
+        description="Benchmark hipdlrm attention (forward and backward): HSTU against causal SDPA and the padded "
+                    "plain-PyTorch HSTU, or GDPA (--op gdpa) against non-causal SDPA and the padded plain-PyTorch "
+                    "GDPA.",
         epilog="Results are written to benchmarks/results/ unless --out is given.")
+    p.add_argument("--op", choices=["hstu", "gdpa"], default="hstu", help="which attention op (default hstu)")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
     p.add_argument("--small", action="store_true",
-                   help=f"B={SMALL['batch']}, H={SMALL['heads']}, D={SMALL['head_dims']}, N={SMALL['seq_lens']} "
-                        "(the default on the CPU)")
-    p.add_argument("--seq-lens", type=int_list, default=None, help="comma-separated max_seq_len values")
+                   help=f"hstu: B={SMALL['batch']}, H={SMALL['heads']}, D={SMALL['head_dims']}, N={SMALL['seq_lens']}; "
+                        f"gdpa: B={GDPA_SMALL['batch']}, H={GDPA_SMALL['heads']}, D={GDPA_SMALL['head_dims']}, "
+                        f"N={GDPA_SMALL['seq_lens']}, PFFN Nkv={GDPA_SMALL['pffn_kv_len']} (the default on the CPU)")
+    p.add_argument("--seq-lens", type=int_list, default=None,
+                   help="comma-separated max_seq_len values (gdpa: query lengths, = key lengths except for PFFN)")
     p.add_argument("--batch", type=int, default=None, help="number of sequences B")
     p.add_argument("--heads", type=int, default=None, help="number of heads H")
     p.add_argument("--head-dims", type=int_list, default=None, help="comma-separated Dqk = Dv values")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--sparsities", type=float_list, default=None,
+                   help=f"gdpa: comma-separated mean length / max values (default {GDPA_DEFAULT['sparsities']})")
+    p.add_argument("--activations", type=activation_list, default=None,
+                   help=f"gdpa: comma-separated activations (default {','.join(GDPA_DEFAULT['activations'])})")
+    p.add_argument("--pffn-kv-len", type=int, default=None,
+                   help=f"gdpa: the dense key length of the PFFN shapes (default {GDPA_DEFAULT['pffn_kv_len']})")
     p.add_argument("--no-baselines", action="store_true", help="time hipdlrm only (no SDPA, no plain PyTorch)")
-    p.add_argument("--iters", type=int, default=None, help="timed iterations (default 20 on cuda, 3 on cpu)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed iterations (default 5 on cuda, 1 on cpu)")
+    p.add_argument("--iters", type=int, default=None,
+                   help="timed iterations (hstu: default 20 on cuda; gdpa: 20, 10 or 5 by size; 3 on cpu)")
+    p.add_argument("--warmup", type=int, default=None,
+                   help="untimed iterations (hstu: default 5 on cuda; gdpa: 5, 3 or 2 by size; 1 on cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="results JSON path (default benchmarks/results/...)")
     args = p.parse_args(argv)
-    for name in ("batch", "heads", "iters"):
+    for name in ("batch", "heads", "iters", "pffn_kv_len"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
-            p.error(f"--{name} must be positive")
+            p.error(f"--{name.replace('_', '-')} must be positive")
     if args.warmup is not None and args.warmup < 0:
         p.error("--warmup must be >= 0")
+    if args.op != "gdpa":
+        for name in GDPA_ONLY_FLAGS:
+            if getattr(args, name) is not None:
+                p.error(f"--{name.replace('_', '-')} applies to --op gdpa only")
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     device = resolve_device(args.device)
+    if args.op == "gdpa":
+        return main_gdpa(args, device)
+    return main_hstu(args, device)
+
+
+def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
     small = args.small or device.type != "cuda"
     cfg = dict(SMALL if small else DEFAULT)
     for key, flag in (("batch", args.batch), ("heads", args.heads), ("head_dims", args.head_dims),

@@ -8,6 +8,7 @@ import torch  # noqa: F401  (the library links against torch; import it first)
 from . import _C  # noqa: F401  (registers torch.ops.hipdlrm.*)
 from .attention import hstu_mha
 from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
+from .gdpa import GDPA_ACTIVATIONS, gdpa
 from .group_index_select import group_index_select
 from .tbe import PoolingMode, TableBatchedEmbedding
 from .tbe_training import OptimType, WeightDecayMode
@@ -16,6 +17,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "hstu_mha",
+    "gdpa",
+    "GDPA_ACTIVATIONS",
     "BoundsCheckMode",
     "bounds_check_indices",
     "flush_bounds_check_warnings",

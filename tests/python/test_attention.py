@@ -14,39 +14,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import zlib
-from typing import Dict, Optional, Sequence, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import hipdlrm
+from attention_testing import _one_cpu_thread  # noqa: F401  (autouse fixture)
+from attention_testing import LOW_DTYPES, assert_fa_close, pad_jagged, seeded, unpad
 from conftest import requires_gpu
 
 FWD = torch.ops.hipdlrm.hstu_mha_fwd
 BWD = torch.ops.hipdlrm.hstu_mha_bwd
 HEAD_DIMS = [32, 64, 128, 256]
-LOW_DTYPES = [torch.bfloat16, torch.float16]
 GPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # Lengths: empty and one-token sequences, and lengths that are not multiples of 16.
 LENGTHS = [0, 1, 5, 17, 0, 33, 40]
-
-
-
-@pytest.fixture(autouse=True)
-def _one_cpu_thread(request):
-    """The CPU cases are tiny: with several intra-op threads, thread wake-ups cost more than the math (by
-    10x and more on a busy 2-core CI machine). GPU tests keep every thread for their large CPU runs."""
-    if "gpu" in request.node.name:
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -157,10 +141,6 @@ class Case:
         return ",".join(parts)
 
 
-def _gen(*parts) -> torch.Generator:
-    return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
-
-
 @dataclasses.dataclass
 class Inputs:
     """Op arguments in the case's dtype on one device (the float64 reference converts them back)."""
@@ -180,7 +160,7 @@ class Inputs:
 
 
 def make_inputs(case: Case, device="cpu", seed: int = 0) -> Inputs:
-    g = _gen(case, seed)
+    g = seeded(case, seed)
     total = sum(case.lengths)
     batch = len(case.lengths)
 
@@ -212,20 +192,6 @@ def make_inputs(case: Case, device="cpu", seed: int = 0) -> Inputs:
 # ----------------------------------------------------------------------------------------------
 # The oracle: padded plain PyTorch
 # ----------------------------------------------------------------------------------------------
-
-
-def pad_jagged(x: torch.Tensor, offsets: Sequence[int], n_max: int) -> torch.Tensor:
-    """[L, ...] -> [B, N, ...], zero-padded (differentiable)."""
-    pads = []
-    for b in range(len(offsets) - 1):
-        piece = x[offsets[b]:offsets[b + 1]]
-        pads.append(F.pad(piece, (0, 0) * (x.dim() - 1) + (0, n_max - piece.shape[0])))
-    return torch.stack(pads)
-
-
-def unpad(y: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
-    """[B, N, ...] -> [L, ...]."""
-    return torch.cat([y[b, :offsets[b + 1] - offsets[b]] for b in range(len(offsets) - 1)])
 
 
 def reference_mha(case: Case, inp: Inputs, q, k, v, rab, dtype: torch.dtype, mask: torch.Tensor) -> torch.Tensor:
@@ -304,29 +270,6 @@ def _with_grads(out, grad_out, q, k, v, rab) -> Result:
 # ----------------------------------------------------------------------------------------------
 # Tolerances
 # ----------------------------------------------------------------------------------------------
-
-
-def assert_fa_close(got: torch.Tensor, exact: torch.Tensor, low: Optional[torch.Tensor], what: str) -> None:
-    """FlashAttention-style check of `got` against the float64 answer `exact`.
-
-    With `low` (the same reference computed in the low precision): max|got - exact| <= 2 max|low - exact|
-    + atol. Without it (fp32/fp64 ops): every element within rtol 1e-4 plus atol. atol is relative to the
-    largest magnitude of the answer (the outputs scale with 1/max_seq_len).
-    """
-    got = got.detach().double().cpu()
-    exact = exact.detach().double().cpu()
-    assert got.shape == exact.shape, f"{what}: shape {tuple(got.shape)} != {tuple(exact.shape)}"
-    assert torch.isfinite(got).all(), f"{what}: non-finite values"
-    magnitude = float(exact.abs().max()) if exact.numel() else 0.0
-    if low is None:
-        torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-5 * magnitude + 1e-12, msg=lambda m: f"{what}: {m}")
-        return
-    low = low.detach().double().cpu()
-    err = float((got - exact).abs().max()) if got.numel() else 0.0
-    base = float((low - exact).abs().max()) if got.numel() else 0.0
-    atol = 2.0**-12 * magnitude
-    assert err <= 2 * base + atol, (
-        f"{what}: max error {err:.3e} > 2 x {base:.3e} (low-precision reference) + {atol:.3e}")
 
 
 def check_against(got: Result, exact: Result, low: Optional[Result], case: Case, tag: str = "") -> None:

@@ -10,27 +10,13 @@
 
 #include <c10/util/Exception.h>
 
-#include <limits>
+#include "common.h"
+#include "gdpa.h"
 
 namespace hipdlrm {
 namespace ops {
 namespace attention {
 namespace {
-
-constexpr std::int64_t kIntMax = std::numeric_limits<std::int32_t>::max();
-
-bool supported_dtype(at::ScalarType t) {
-  return t == at::kHalf || t == at::kBFloat16 || t == at::kFloat || t == at::kDouble;
-}
-
-bool supported_head_dim(std::int64_t d) { return d == 32 || d == 64 || d == 128 || d == 256; }
-
-at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
-
-void check_same_device(const char* op, const char* name, const at::Tensor& t, const at::Tensor& q) {
-  TORCH_CHECK(t.device() == q.device(), op, ": ", name, " is on ", t.device(), " but q is on ", q.device(),
-              "; every tensor must be on one device");
-}
 
 void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.dim() == 3, op, ": q must be 3-D [L, H, Dqk], got shape ", q.sizes());
@@ -50,16 +36,8 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
               q.scalar_type(), "; q, k and v must have one dtype");
   TORCH_CHECK(v.scalar_type() == q.scalar_type(), op, ": v has dtype ", v.scalar_type(), " but q has ",
               q.scalar_type(), "; q, k and v must have one dtype");
-  check_same_device(op, "k", k, q);
-  check_same_device(op, "v", v, q);
-}
-
-void check_index_tensor(const char* op, const char* name, const char* shape, const at::Tensor& t,
-                        const at::Tensor& q) {
-  TORCH_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D ", shape, ", got shape ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong, op, ": ", name,
-              " must be int32 or int64, got ", t.scalar_type());
-  check_same_device(op, name, t, q);
+  check_same_device(op, "k", k, "q", q);
+  check_same_device(op, "v", v, "q", q);
 }
 
 // Shapes, dtypes and devices of everything but the values of seq_offsets and num_targets.
@@ -75,7 +53,7 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
               o.contextual_seq_len);
   TORCH_CHECK(q.size(1) <= kIntMax, op, ": q has ", q.size(1), " heads; at most ", kIntMax, " are supported");
   if (o.num_targets) {
-    check_index_tensor(op, "num_targets", "[B]", *o.num_targets, q);
+    check_index_tensor(op, "num_targets", "[B]", *o.num_targets, "q", q);
     TORCH_CHECK(o.num_targets->numel() == batch, op, ": num_targets must have B = ", batch,
                 " entries (one per sequence), got ", o.num_targets->numel());
   }
@@ -87,7 +65,7 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
                 tokens, ", got shape ", s.sizes());
     TORCH_CHECK(supported_dtype(s.scalar_type()), op, ": attn_scale_per_token has dtype ", s.scalar_type(),
                 "; supported: float16, bfloat16, float32, float64");
-    check_same_device(op, "attn_scale_per_token", s, q);
+    check_same_device(op, "attn_scale_per_token", s, "q", q);
   }
   if (o.rab) {
     const at::Tensor& r = *o.rab;
@@ -97,7 +75,7 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
                 ", ", o.max_seq_len, ", ", o.max_seq_len, "], got shape ", r.sizes());
     TORCH_CHECK(r.scalar_type() == q.scalar_type(), op, ": rab has dtype ", r.scalar_type(), " but q has ",
                 q.scalar_type(), "; rab must have q's dtype");
-    check_same_device(op, "rab", r, q);
+    check_same_device(op, "rab", r, "q", q);
   }
 }
 
@@ -111,24 +89,14 @@ void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, Hst
   layout.offsets.assign(v, v + batch + 1);
   if (o.num_targets) layout.targets.assign(v + batch + 1, v + 2 * batch + 1);
 
-  const std::vector<std::int64_t>& off = layout.offsets;
-  TORCH_CHECK(off[0] == 0, op, ": seq_offsets[0] must be 0, got ", off[0]);
+  check_offsets(op, "seq_offsets", layout.offsets.data(), batch, tokens, "L = q.size(0)", o.max_seq_len,
+                "max_seq_len");
+  if (!o.num_targets) return;
   for (std::int64_t b = 0; b < batch; ++b) {
-    TORCH_CHECK(off[b + 1] >= off[b], op, ": seq_offsets must be non-decreasing, but seq_offsets[", b + 1,
-                "] = ", off[b + 1], " < seq_offsets[", b, "] = ", off[b]);
-  }
-  TORCH_CHECK(off[batch] == tokens, op, ": seq_offsets[B] = seq_offsets[", batch, "] = ", off[batch],
-              " must equal L = q.size(0) = ", tokens);
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t n = off[b + 1] - off[b];
-    TORCH_CHECK(n <= o.max_seq_len, op, ": sequence ", b, " has length ", n, " (seq_offsets[", b + 1,
-                "] - seq_offsets[", b, "]) but max_seq_len is ", o.max_seq_len,
-                "; max_seq_len must be at least the longest sequence");
-    if (o.num_targets) {
-      const std::int64_t t = layout.targets[b];
-      TORCH_CHECK(t >= 0 && t <= n, op, ": num_targets[", b, "] = ", t, " must be in [0, ", n,
-                  "], the length of sequence ", b);
-    }
+    const std::int64_t n = layout.offsets[b + 1] - layout.offsets[b];
+    const std::int64_t t = layout.targets[b];
+    TORCH_CHECK(t >= 0 && t <= n, op, ": num_targets[", b, "] = ", t, " must be in [0, ", n,
+                "], the length of sequence ", b);
   }
 }
 
@@ -239,6 +207,7 @@ void define(torch::Library& m) {
       "Tensor seq_offsets, bool causal, Tensor? num_targets, float? attn_scale, Tensor? attn_scale_per_token, "
       "int max_attn_len, int contextual_seq_len, Tensor? rab, bool rab_requires_grad) "
       "-> (Tensor, Tensor, Tensor, Tensor?)");
+  define_gdpa(m);
 }
 
 HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tensor& seq_offsets, bool causal,
@@ -262,7 +231,7 @@ HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tenso
 HstuLayout check_forward(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const HstuOptions& o) {
   check_qkv(op, q, k, v);
-  check_index_tensor(op, "seq_offsets", "[B + 1]", o.seq_offsets, q);
+  check_index_tensor(op, "seq_offsets", "[B + 1]", o.seq_offsets, "q", q);
   TORCH_CHECK(o.seq_offsets.numel() >= 1, op, ": seq_offsets must have B + 1 >= 1 entries, got none");
   HstuLayout layout;
   layout.batch = o.seq_offsets.numel() - 1;
@@ -282,7 +251,7 @@ HstuLayout check_backward(const char* op, const at::Tensor& grad_out, const at::
               v.sizes(), " (v's shape), got shape ", grad_out.sizes());
   TORCH_CHECK(grad_out.scalar_type() == q.scalar_type(), op, ": grad_out has dtype ", grad_out.scalar_type(),
               " but q has ", q.scalar_type(), "; they must match");
-  check_same_device(op, "grad_out", grad_out, q);
+  check_same_device(op, "grad_out", grad_out, "q", q);
   TORCH_CHECK(!rab_requires_grad || o.rab, op, ": rab_requires_grad is true but rab is None");
   return layout;
 }

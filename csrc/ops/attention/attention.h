@@ -14,6 +14,7 @@ namespace hipdlrm {
 namespace ops {
 namespace attention {
 
+// Defines the HSTU ops and, through define_gdpa (gdpa.h), the GDPA ops.
 void define(torch::Library& m);
 
 // Every argument of the ops other than the tensors q, k, v (and grad_out).

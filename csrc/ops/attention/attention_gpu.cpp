@@ -15,6 +15,7 @@
 
 #include "../../kernels/attention/hstu.h"
 #include "attention.h"
+#include "common_gpu.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -22,20 +23,6 @@ namespace attention {
 namespace {
 
 namespace ka = kernels::attention;
-
-bool runs_on_kernels(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
-
-// The kernels stage rows with 16-byte copies: a contiguous tensor whose data does not start on a 16-byte
-// boundary (a view at an odd offset) is copied first.
-at::Tensor kernel_layout(const at::Tensor& t) {
-  at::Tensor c = t.contiguous();
-  if (reinterpret_cast<std::uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
-  return c;
-}
-
-void check_status(gpu::status_t st, const char* op, const char* what) {
-  TORCH_CHECK(st == gpu::kSuccess, op, ": ", what, " failed: ", gpu::status_string(st));
-}
 
 // The converted tensors a problem points into; they live until the launch has been enqueued (the caching
 // allocator orders any reuse of their memory after the kernels on this stream).

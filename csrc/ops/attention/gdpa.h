@@ -1,0 +1,85 @@
+// GDPA attention (gdpa_fwd / gdpa_bwd, Meta's generalized dot-product attention): schemas, argument checks,
+// and the composite implementation (ATen ops per sample) that serves the CPU and fp32/fp64 inputs on a GPU.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace hipdlrm {
+namespace ops {
+namespace attention {
+
+// Defines gdpa_fwd and gdpa_bwd; called from the attention family's define().
+void define_gdpa(torch::Library& m);
+
+// The pointwise activation applied to the scores; act(0) = 0 for every one of them.
+enum class GdpaActivation { kRaw, kRelu, kGelu, kFastGelu, kSilu };
+
+// "raw", "relu", "gelu", "fast_gelu" or "silu"; anything else is an error naming `activation`.
+GdpaActivation parse_activation(const char* op, c10::string_view name);
+
+// Every argument of the ops other than the tensors query, key, value (and grad_out).
+struct GdpaOptions {
+  at::Tensor query_offset;
+  at::Tensor key_offset;
+  std::int64_t max_seq_len_q = 0;
+  std::int64_t max_seq_len_kv = 0;
+  GdpaActivation activation = GdpaActivation::kGelu;
+  double qk_scale = 1.0;
+  std::optional<std::int64_t> window_size;
+  bool broadcast_q = false;
+};
+
+GdpaOptions make_gdpa_options(const char* op, const at::Tensor& query_offset, const at::Tensor& key_offset,
+                              std::int64_t max_seq_len_q, std::int64_t max_seq_len_kv, c10::string_view activation,
+                              double qk_scale, std::optional<std::int64_t> window_size, bool broadcast_q);
+
+// Facts established by the checks.
+struct GdpaLayout {
+  std::int64_t batch = 0;       // B = key_offset.numel() - 1
+  std::int64_t heads = 0;       // Hq
+  std::int64_t kv_heads = 0;    // Hkv
+  std::int64_t dim = 0;         // D
+  std::int64_t q_tokens = 0;    // Lq: rows of query
+  std::int64_t kv_tokens = 0;   // Lkv: rows of key and value
+  std::int64_t out_tokens = 0;  // rows of the output: B * Lq with broadcast_q, else Lq
+  bool broadcast_q = false;
+  std::vector<std::int64_t> q_offsets;   // host copy of query_offset ([2] with broadcast_q, else [B + 1])
+  std::vector<std::int64_t> kv_offsets;  // host copy of key_offset, [B + 1]
+
+  // Sample b's query rows are [q_start(b), q_start(b) + q_length(b)) of query (all of them with
+  // broadcast_q), and its output rows start at out_start(b).
+  std::int64_t q_start(std::int64_t b) const { return broadcast_q ? 0 : q_offsets[b]; }
+  std::int64_t q_length(std::int64_t b) const { return broadcast_q ? q_tokens : q_offsets[b + 1] - q_offsets[b]; }
+  std::int64_t out_start(std::int64_t b) const { return broadcast_q ? b * q_tokens : q_offsets[b]; }
+};
+
+// Validates query, key, value and every option (shapes, head counts, head dim, dtypes, devices, the values
+// of both offsets tensors) and throws a RuntimeError naming the argument otherwise. On a GPU the offsets
+// come to the host in one small copy.
+GdpaLayout check_gdpa_forward(const char* op, const at::Tensor& query, const at::Tensor& key,
+                              const at::Tensor& value, const GdpaOptions& o);
+
+// check_gdpa_forward plus grad_out ([out_tokens, Hq, D], query's dtype and device).
+GdpaLayout check_gdpa_backward(const char* op, const at::Tensor& grad_out, const at::Tensor& query,
+                               const at::Tensor& key, const at::Tensor& value, const GdpaOptions& o);
+
+// The composite implementation on query's device, arguments already checked: per sample, in fp32 (fp64
+// for fp64 inputs), results in the input dtype.
+at::Tensor gdpa_forward_composite(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                                  const GdpaOptions& o, const GdpaLayout& layout);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> gdpa_backward_composite(const at::Tensor& grad_out,
+                                                                       const at::Tensor& query, const at::Tensor& key,
+                                                                       const at::Tensor& value, const GdpaOptions& o,
+                                                                       const GdpaLayout& layout);
+
+}  // namespace attention
+}  // namespace ops
+}  // namespace hipdlrm

@@ -1,0 +1,169 @@
+// GDPA attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
+//
+// fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/hstu.h, gdpa_forward /
+// gdpa_backward). fp32 and fp64 inputs take the composite path of gdpa.cpp on the device: the kernels have
+// no fp32 instantiation, and the composite path is the reference the kernels are tested against. The
+// checks read query_offset and key_offset on the host (one small device-to-host copy per call) so that a
+// bad batch raises a RuntimeError instead of reaching a kernel.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "../../kernels/attention/hstu.h"
+#include "common.h"
+#include "common_gpu.h"
+#include "gdpa.h"
+
+namespace hipdlrm {
+namespace ops {
+namespace attention {
+namespace {
+
+namespace ka = kernels::attention;
+
+ka::Activation kernel_activation(GdpaActivation a) {
+  switch (a) {
+    case GdpaActivation::kRaw:
+      return ka::Activation::kRaw;
+    case GdpaActivation::kRelu:
+      return ka::Activation::kRelu;
+    case GdpaActivation::kGelu:
+      return ka::Activation::kGelu;
+    case GdpaActivation::kFastGelu:
+      return ka::Activation::kFastGelu;
+    case GdpaActivation::kSilu:
+      return ka::Activation::kSilu;
+  }
+  TORCH_CHECK(false, "gdpa: unknown activation");
+}
+
+// The converted offsets a problem points into; they live until the launch has been enqueued (the caching
+// allocator orders any reuse of their memory after the kernels on this stream).
+struct ProblemStorage {
+  at::Tensor query_offset;
+  at::Tensor key_offset;
+};
+
+ka::AttentionProblem make_problem(const at::Tensor& query, const GdpaOptions& o, const GdpaLayout& layout,
+                                  ProblemStorage& storage) {
+  ka::AttentionProblem p;
+  p.batch = static_cast<int>(layout.batch);
+  p.heads = static_cast<int>(layout.heads);
+  p.kv_heads = static_cast<int>(layout.kv_heads);
+  p.dqk = static_cast<int>(layout.dim);
+  p.dv = static_cast<int>(layout.dim);
+  p.max_seq_len = static_cast<int>(o.max_seq_len_q);
+  p.max_seq_len_kv = static_cast<int>(o.max_seq_len_kv);
+  p.total_tokens = layout.q_tokens;
+  storage.query_offset = o.query_offset.to(at::kLong).contiguous();
+  storage.key_offset = o.key_offset.to(at::kLong).contiguous();
+  p.seq_offsets = storage.query_offset.data_ptr<std::int64_t>();
+  p.kv_offsets = storage.key_offset.data_ptr<std::int64_t>();
+  // The checks bound every key length by max_seq_len_kv, so Lkv = B * max_seq_len_kv means every sample has
+  // exactly max_seq_len_kv keys (PFFN's dense KV), which the kernels address without reading the offsets.
+  if (layout.batch > 0 && layout.kv_tokens == layout.batch * o.max_seq_len_kv) {
+    p.kv_dense_len = static_cast<int>(o.max_seq_len_kv);
+  }
+  p.broadcast_q = o.broadcast_q;
+  // Positions within a sample differ by less than 2^31 (lengths fit an int): a window_size above INT_MAX
+  // admits every pair, as INT_MAX does, so clamping it is exact.
+  p.window = o.window_size ? static_cast<int>(std::min<std::int64_t>(*o.window_size, kIntMax)) : -1;
+  p.activation = kernel_activation(o.activation);
+  p.alpha = 1.0f;
+  p.scale_value = static_cast<float>(o.qk_scale);
+  p.causal = false;
+  p.dtype = query.scalar_type() == at::kHalf ? ka::ElemType::kFloat16 : ka::ElemType::kBFloat16;
+  return p;
+}
+
+// No output element has a valid key: no launch, zeros (or empty tensors).
+bool nothing_to_compute(const GdpaLayout& layout) {
+  return layout.q_tokens == 0 || layout.kv_tokens == 0 || layout.batch == 0 || layout.heads == 0;
+}
+
+at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                       const at::Tensor& query_offset, const at::Tensor& key_offset, std::int64_t max_seq_len_q,
+                       std::int64_t max_seq_len_kv, c10::string_view activation, double qk_scale,
+                       std::optional<std::int64_t> window_size, bool broadcast_q) {
+  const char* op = "gdpa_fwd";
+  const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
+                                          qk_scale, window_size, broadcast_q);
+  const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o);
+  const c10::cuda::CUDAGuard guard(query.device());
+  if (!runs_on_kernels(query.scalar_type())) return gdpa_forward_composite(query, key, value, o, layout);
+
+  if (nothing_to_compute(layout)) return at::zeros({layout.out_tokens, layout.heads, layout.dim}, query.options());
+  at::Tensor out = at::empty({layout.out_tokens, layout.heads, layout.dim}, query.options());
+  ProblemStorage storage;
+  const at::Tensor qc = kernel_layout(query);
+  const at::Tensor kc = kernel_layout(key);
+  const at::Tensor vc = kernel_layout(value);
+  ka::AttentionForwardArgs args;
+  args.p = make_problem(query, o, layout, storage);
+  args.q = qc.data_ptr();
+  args.k = kc.data_ptr();
+  args.v = vc.data_ptr();
+  args.out = out.data_ptr();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  check_status(ka::gdpa_forward(args, stream), op, "forward kernel launch");
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& query_offset, const at::Tensor& key_offset, std::int64_t max_seq_len_q,
+    std::int64_t max_seq_len_kv, c10::string_view activation, double qk_scale,
+    std::optional<std::int64_t> window_size, bool broadcast_q) {
+  const char* op = "gdpa_bwd";
+  const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
+                                          qk_scale, window_size, broadcast_q);
+  const GdpaLayout layout = check_gdpa_backward(op, grad_out, query, key, value, o);
+  const c10::cuda::CUDAGuard guard(query.device());
+  if (!runs_on_kernels(query.scalar_type())) return gdpa_backward_composite(grad_out, query, key, value, o, layout);
+
+  const std::vector<std::int64_t> q_shape{layout.q_tokens, layout.heads, layout.dim};
+  const std::vector<std::int64_t> kv_shape{layout.kv_tokens, layout.kv_heads, layout.dim};
+  if (nothing_to_compute(layout)) {
+    return {at::zeros(q_shape, query.options()), at::zeros(kv_shape, query.options()),
+            at::zeros(kv_shape, query.options())};
+  }
+  at::Tensor grad_q = at::empty(q_shape, query.options());
+  at::Tensor grad_k = at::empty(kv_shape, query.options());
+  at::Tensor grad_v = at::empty(kv_shape, query.options());
+  ProblemStorage storage;
+  const at::Tensor qc = kernel_layout(query);
+  const at::Tensor kc = kernel_layout(key);
+  const at::Tensor vc = kernel_layout(value);
+  const at::Tensor gc = kernel_layout(grad_out);
+  const at::Tensor grad_q_accum = at::zeros(q_shape, query.options().dtype(at::kFloat));
+  ka::AttentionBackwardArgs args;
+  args.p = make_problem(query, o, layout, storage);
+  args.q = qc.data_ptr();
+  args.k = kc.data_ptr();
+  args.v = vc.data_ptr();
+  args.grad_out = gc.data_ptr();
+  args.grad_q = grad_q.data_ptr();
+  args.grad_k = grad_k.data_ptr();
+  args.grad_v = grad_v.data_ptr();
+  args.grad_q_accum = grad_q_accum.data_ptr<float>();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  check_status(ka::gdpa_backward(args, stream), op, "backward kernel launch");
+  return {grad_q, grad_k, grad_v};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(hipdlrm, CUDA, m) {
+  m.impl("gdpa_fwd", &forward_gpu);
+  m.impl("gdpa_bwd", &backward_gpu);
+}
+
+}  // namespace attention
+}  // namespace ops
+}  // namespace hipdlrm

@@ -1,0 +1,109 @@
+"""GDPA attention (Meta's generalized dot-product attention), differentiable in query, key and value.
+
+    torch.ops.hipdlrm.gdpa_fwd(query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv,
+                               activation="gelu", qk_scale=1.0, window_size=None, broadcast_q=False) -> Tensor
+    torch.ops.hipdlrm.gdpa_bwd(grad_out, query, key, value, query_offset, key_offset, max_seq_len_q,
+                               max_seq_len_kv, activation, qk_scale, window_size, broadcast_q)
+        -> (grad_query, grad_key, grad_value)
+
+Registered here: the fake (meta) kernels used by torch.compile and the autograd formula of the forward
+op, so ``gdpa_fwd`` itself is differentiable. See docs/attention.md (GDPA) for the contract.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+_FORWARD = "hipdlrm::gdpa_fwd"
+_BACKWARD = "hipdlrm::gdpa_bwd"
+
+#: The activations ``gdpa`` accepts, by name.
+GDPA_ACTIVATIONS = ("raw", "relu", "gelu", "fast_gelu", "silu")
+
+# Position of each differentiable argument of gdpa_fwd (as needs_input_grad sees them).
+_QUERY, _KEY, _VALUE = 0, 1, 2
+_NUM_INPUTS = 11
+
+
+def _output_rows(query: torch.Tensor, key_offset: torch.Tensor, broadcast_q: bool):
+    """Rows of the output: B * Lq with broadcast_q (B = key_offset.shape[0] - 1), else Lq."""
+    return (key_offset.shape[0] - 1) * query.shape[0] if broadcast_q else query.shape[0]
+
+
+@torch.library.register_fake(_FORWARD)
+def _forward_fake(query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation="gelu",
+                  qk_scale=1.0, window_size=None, broadcast_q=False):
+    torch._check(query.dim() == 3 and key.dim() == 3 and value.dim() == 3,
+                 lambda: "query, key and value must be 3-D")
+    return query.new_empty((_output_rows(query, key_offset, broadcast_q), query.shape[1], query.shape[2]))
+
+
+@torch.library.register_fake(_BACKWARD)
+def _backward_fake(grad_out, query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv,
+                   activation, qk_scale, window_size, broadcast_q):
+    return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
+
+
+def _setup_forward(ctx, inputs, output) -> None:
+    (query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation, qk_scale,
+     window_size, broadcast_q) = inputs
+    ctx.save_for_backward(query, key, value, query_offset, key_offset)
+    ctx.options = (max_seq_len_q, max_seq_len_kv, activation, qk_scale, window_size, broadcast_q)
+
+
+def _forward_backward(ctx, grad_out):
+    """grad_query, grad_key, grad_value from gdpa_bwd, which recomputes the attention."""
+    query, key, value, query_offset, key_offset = ctx.saved_tensors
+    grad_q, grad_k, grad_v = torch.ops.hipdlrm.gdpa_bwd(grad_out, query, key, value, query_offset, key_offset,
+                                                        *ctx.options)
+    grads = [None] * _NUM_INPUTS
+    grads[_QUERY], grads[_KEY], grads[_VALUE] = grad_q, grad_k, grad_v
+    return tuple(grads)
+
+
+torch.library.register_autograd(_FORWARD, _forward_backward, setup_context=_setup_forward)
+
+
+def gdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    query_offset: torch.Tensor,
+    key_offset: torch.Tensor,
+    max_seq_len_q: int,
+    max_seq_len_kv: int,
+    activation: str = "gelu",
+    qk_scale: float = 1.0,
+    window_size: Optional[int] = None,
+    broadcast_q: bool = False,
+) -> torch.Tensor:
+    """GDPA over a jagged batch; returns ``[Lq, Hq, D]`` (``[B * Lq, Hq, D]`` with broadcast_q) in query's dtype.
+
+    For each sample b (query rows ``query_offset[b]:query_offset[b+1]``, key/value rows
+    ``key_offset[b]:key_offset[b+1]``) and query head h (reading kv head ``h // (Hq // Hkv)``), with i and
+    j positions within the sample's query and key sequences::
+
+        S = q_b k_b^T                     (no pre-scale)
+        S[i, j] = 0 where |i - j| > window_size   (when window_size is given)
+        P = act(S) * qk_scale            (scale after the activation)
+        O_b = P v_b
+
+    No softmax, no normalisation, no causal mask; rows of samples without keys are zeros.
+
+    Args:
+        query: ``[Lq, Hq, D]``; key, value: ``[Lkv, Hkv, D]``, Hq a multiple of Hkv; D 32, 64, 128 or 256; one
+            dtype (float16, bfloat16, float32; float64 for gradcheck) and one device for every tensor.
+        query_offset, key_offset: ``[B + 1]`` int32 or int64, from 0, non-decreasing, ending at Lq and Lkv;
+            every query length <= max_seq_len_q and every key length <= max_seq_len_kv.
+        activation: one of ``GDPA_ACTIVATIONS``: "raw" (identity), "relu", "gelu" (erf form),
+            "fast_gelu" (tanh form), "silu".
+        qk_scale: multiplies act(S).
+        window_size: ``w >= 0`` keeps only pairs with ``|i - j| <= w``; None keeps every pair.
+        broadcast_q: query holds one sequence shared by every sample (``query_offset = [0, Lq]``); sample b's
+            output rows are ``b * Lq .. (b + 1) * Lq - 1`` and the query gradient sums over samples.
+
+    Differentiable in query, key and value.
+    """
+    return torch.ops.hipdlrm.gdpa_fwd(query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv,
+                                      activation, float(qk_scale), window_size, bool(broadcast_q))

@@ -1,0 +1,72 @@
+"""Helpers shared by the attention tests (test_attention.py for HSTU, test_gdpa.py for GDPA): jagged
+padding for the plain-PyTorch oracles, the FlashAttention-style tolerance, seeded generators, and the
+fixture that keeps the tiny CPU cases on one thread.
+"""
+from __future__ import annotations
+
+import zlib
+from typing import Optional, Sequence
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+LOW_DTYPES = [torch.bfloat16, torch.float16]
+
+
+@pytest.fixture(autouse=True)
+def _one_cpu_thread(request):
+    """The CPU cases are tiny: with several intra-op threads, thread wake-ups cost more than the math (by
+    10x and more on a busy 2-core CI machine). GPU tests keep every thread for their large CPU runs.
+    Autouse in every module that imports it."""
+    if "gpu" in request.node.name:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def seeded(*parts) -> torch.Generator:
+    """A CPU generator seeded from the repr of `parts` (e.g. a test case), stable across runs."""
+    return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
+
+
+def pad_jagged(x: torch.Tensor, offsets: Sequence[int], n_max: int) -> torch.Tensor:
+    """[L, ...] -> [B, N, ...], zero-padded (differentiable)."""
+    pads = []
+    for b in range(len(offsets) - 1):
+        piece = x[offsets[b]:offsets[b + 1]]
+        pads.append(F.pad(piece, (0, 0) * (x.dim() - 1) + (0, n_max - piece.shape[0])))
+    return torch.stack(pads)
+
+
+def unpad(y: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
+    """[B, N, ...] -> [L, ...]."""
+    return torch.cat([y[b, :offsets[b + 1] - offsets[b]] for b in range(len(offsets) - 1)])
+
+
+def assert_fa_close(got: torch.Tensor, exact: torch.Tensor, low: Optional[torch.Tensor], what: str) -> None:
+    """FlashAttention-style check of `got` against the float64 answer `exact`.
+
+    With `low` (the same reference computed in the low precision): max|got - exact| <= 2 max|low - exact|
+    + atol. Without it (fp32/fp64 ops): every element within rtol 1e-4 plus atol. atol is relative to the
+    largest magnitude of the answer (attention outputs scale with the caller's scale factor).
+    """
+    got = got.detach().double().cpu()
+    exact = exact.detach().double().cpu()
+    assert got.shape == exact.shape, f"{what}: shape {tuple(got.shape)} != {tuple(exact.shape)}"
+    assert torch.isfinite(got).all(), f"{what}: non-finite values"
+    magnitude = float(exact.abs().max()) if exact.numel() else 0.0
+    if low is None:
+        torch.testing.assert_close(got, exact, rtol=1e-4, atol=1e-5 * magnitude + 1e-12, msg=lambda m: f"{what}: {m}")
+        return
+    low = low.detach().double().cpu()
+    err = float((got - exact).abs().max()) if got.numel() else 0.0
+    base = float((low - exact).abs().max()) if got.numel() else 0.0
+    atol = 2.0**-12 * magnitude
+    assert err <= 2 * base + atol, (
+        f"{what}: max error {err:.3e} > 2 x {base:.3e} (low-precision reference) + {atol:.3e}")
