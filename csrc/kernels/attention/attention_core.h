@@ -300,14 +300,32 @@ struct Act<Activation::kSilu> {
   }
 };
 
-// GeLU, erf form: x Phi(x) with Phi(x) = (1 + erf(x / sqrt 2)) / 2; derivative Phi(x) + x phi(x).
+// GeLU, erf form: x Phi(x) with Phi(x) = (1 + erf(x / sqrt 2)) / 2; derivative Phi(x) + x phi(x). Phi from
+// the erfc approximation of Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7) with the hardware exp and
+// reciprocal: u = |x| / sqrt 2, t = 1 / (1 + p u), q = t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e^(-u^2) / 2,
+// Phi = 1 - q for x >= 0 and q below; e^(-u^2) = e^(-x^2 / 2) also gives phi. About 16 instructions against
+// erff's 29. Measured on the H200 (bf16, D=128, B=1152, H=4, full length 1024 / 2048; tests/gpu/gdpa_check.cu
+// --bench): forward 160 / 167 -> 190 / 200 TFLOP/s, backward 144 -> 155 at 1024. Error: docs/attention.md.
 template <>
 struct Act<Activation::kGelu> {
-  HIPDLRM_DEVICE static float f(float x) { return 0.5f * x * (1.0f + erff(0.70710678118654752f * x)); }
+  HIPDLRM_DEVICE static float cdf(float x, float& gauss) {
+    const float u = fabsf(x) * 0.70710678118654752f;
+    const float t = gpu::fast_rcp(1.0f + 0.3275911f * u);
+    const float poly =
+        t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f + t * (-1.453152027f + t * 1.061405429f))));
+    gauss = gpu::fast_exp(-u * u);
+    const float q = 0.5f * poly * gauss;
+    return x >= 0.0f ? 1.0f - q : q;
+  }
+  HIPDLRM_DEVICE static float f(float x) {
+    float gauss;
+    return x * cdf(x, gauss);
+  }
   HIPDLRM_DEVICE static float fg(float x, float& g) {
-    const float cdf = 0.5f * (1.0f + erff(0.70710678118654752f * x));
-    g = cdf + x * 0.39894228040143268f * gpu::fast_exp(-0.5f * x * x);
-    return x * cdf;
+    float gauss;
+    const float c = cdf(x, gauss);
+    g = c + x * 0.39894228040143268f * gauss;
+    return x * c;
   }
 };
 
