@@ -13,7 +13,7 @@ nvcc "${F[@]}" -Icsrc/kernels -c tests/gpu/gdpa_check.cu -o /tmp/bwdvar_check.o 
 for v in $1; do
   IFS=: read -r name waves bm stages <<< "$v"
   d=/tmp/bwdvar_$name; rm -rf "$d"; mkdir -p "$d"; cp -r csrc/kernels/attention "$d/"
-  sed -i -e "/struct BwdConfig/,/smem_bytes/{s/kWaves = 4;/kWaves = $waves;/;s/kBlockM = 64;/kBlockM = $bm;/;s/kStages = 2;/kStages = $stages;/}" \
+  sed -i -e "/struct BwdConfig/,/smem_bytes/{s/kWaves = 4;/kWaves = $waves;/;s/kBlockM = kCausal \&\& kD == 128 ? 32 : 64;/kBlockM = $bm;/;s/kStages = 2;/kStages = $stages;/}" \
          "$d/attention/attention_core.h"
   (nvcc "${F[@]}" -I"$d" -Xptxas -v -c "$d/attention/gdpa_backward.cu" -o "$d/bwd.o" > "$d/build.log" 2>&1 &&
    nvcc "${F[@]}" -I"$d" tests/gpu/hstu_backward_check.cu "$d/attention/hstu_backward.cu" -o "$d/hstu") &
