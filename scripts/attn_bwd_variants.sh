@@ -4,7 +4,7 @@
 # csrc/kernels/attention (warps per block = 16-key tiles, queries per step, q/dO stages), builds
 # tests/gpu/gdpa_check.cu and hstu_backward_check.cu against it, and runs their --bench modes.
 # Usage: bash scripts/attn_bwd_variants.sh "NAME:WAVES:BLOCKM:STAGES ..."   (WAVES "8s": 8, but 4 at head dim
-# 256, whose 128-key block would not fit in shared memory)
+# 256, whose 128-key block would not fit in shared memory: the current NVIDIA setting)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 F=(-std=c++17 -O2 -arch=sm_90 -Icsrc/include)
@@ -15,7 +15,7 @@ for v in $1; do
   IFS=: read -r name waves bm stages <<< "$v"
   d=/tmp/bwdvar_$name; rm -rf "$d"; mkdir -p "$d"; cp -r csrc/kernels/attention "$d/"
   [ "$waves" = 8s ] && waves="kD >= 256 ? 4 : 8"
-  sed -i -e "/struct BwdConfig/,/smem_bytes/{s/kWaves = 4;/kWaves = $waves;/;s/kBlockM = kCausal \&\& kD == 128 ? 32 : 64;/kBlockM = $bm;/;s/kStages = 2;/kStages = $stages;/}" \
+  sed -i -e "/struct BwdConfig/,/smem_bytes/{s/kWaves = kD >= 256 ? 4 : 8;/kWaves = $waves;/;s/kBlockM = 64;/kBlockM = $bm;/;s/kStages = 2;/kStages = $stages;/}" \
          "$d/attention/attention_core.h"
   (nvcc "${F[@]}" -I"$d" -Xptxas -v -c "$d/attention/gdpa_backward.cu" -o "$d/bwd.o" > "$d/build.log" 2>&1 &&
    nvcc "${F[@]}" -I"$d" tests/gpu/hstu_backward_check.cu "$d/attention/hstu_backward.cu" -o "$d/hstu") &

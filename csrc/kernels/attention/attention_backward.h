@@ -35,10 +35,9 @@ namespace kernels {
 namespace attention {
 
 template <typename T, int kD, class V>
-__global__ void __launch_bounds__(BwdConfig<kD, V::kHstu>::kWaves * gpu::kWaveSize,
-                                  BwdConfig<kD, V::kHstu>::kMinBlocks)
+__global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdConfig<kD>::kMinBlocks)
     attention_backward_kernel(AttentionBackwardArgs args, int num_kblocks) {
-  using Cfg = BwdConfig<kD, V::kHstu>;
+  using Cfg = BwdConfig<kD>;
   using M = gpu::Mma16<T>;
   using F = Act<V::kAct>;
   constexpr int kThreads = Cfg::kWaves * gpu::kWaveSize;
@@ -339,7 +338,7 @@ __global__ void __launch_bounds__(kConvertBlock)
 
 template <typename T, int kD, class V>
 gpu::status_t launch_attention_backward(const AttentionBackwardArgs& args, gpu::stream_t stream) {
-  using Cfg = BwdConfig<kD, V::kHstu>;
+  using Cfg = BwdConfig<kD>;
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const int max_kv = V::kHstu || p.max_seq_len_kv == 0 ? p.max_seq_len : p.max_seq_len_kv;

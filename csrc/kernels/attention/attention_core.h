@@ -77,13 +77,18 @@ struct FwdConfig {
 // wave's v rows are held in registers as MFMA operands (v is staged through k's LDS area first), so only k,
 // one q/dO stage and dS share the 64 KB of LDS; kD = 256 leaves room for 16 queries a step. k rows are held
 // in registers too up to kD = 128; at 256 they are re-read from LDS to stay clear of the 512-register limit.
-// kCausal: the variant walks a causal mask (HSTU). On NVIDIA at kD = 128 it then takes 32 queries a step:
-// the diagonal blocks waste less. Measured on the H200 (scripts/attn_bwd_variants.sh, bf16, d128): HSTU
-// causal B=512 N=1024 / 2048 / 4096 81 / 107 / 125 -> 98 / 113 / 121 TFLOP/s; GDPA (no mask) 155 -> 148
-// at N=1024, so it keeps 64.
-template <int kD, bool kCausal = false>
+// NVIDIA: 8 warps (128 keys per block) below head dim 256, so each staged q/dO tile and each dQ atomic
+// serves twice the keys; at 256 the 128-key block would not fit in shared memory. Measured on the H200
+// (scripts/attn_bwd_variants.sh, bf16, d128, kernel-only): GDPA B=1152 N=1024 / 2048 gelu 155 / 163 ->
+// 165 / 176 TFLOP/s; HSTU causal B=512 N=1024 / 2048 / 4096 81 / 107 / 125 -> 96 / 117 / 131. (32 queries
+// per step with 4 warps: HSTU 98 / 113 / 121, GDPA 148 at 1024.) AMD keeps 4 waves: 64 KB of LDS.
+template <int kD>
 struct BwdConfig {
+#if defined(HIPDLRM_PLATFORM_HIP)
   static constexpr int kWaves = 4;
+#else
+  static constexpr int kWaves = kD >= 256 ? 4 : 8;
+#endif
   static constexpr int kBlockN = 16 * kWaves;
 #if defined(HIPDLRM_PLATFORM_HIP)
   static constexpr int kBlockM = kD >= 256 ? 16 : 64;
@@ -92,7 +97,7 @@ struct BwdConfig {
   static constexpr bool kKInRegisters = kD <= 128;
   static constexpr int kSplit = 1;
 #else
-  static constexpr int kBlockM = kCausal && kD == 128 ? 32 : 64;
+  static constexpr int kBlockM = 64;
   static constexpr int kStages = 2;
   static constexpr bool kVInRegisters = false;
   static constexpr bool kKInRegisters = false;
