@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
   const int nq = rows.nq, nkv = rows.nkv;
   const int j0 = kb * kBN;
   if (j0 >= nkv) return;
-  const typename V::Mask mask = V::Mask::for_sample(p, b, rows);
+  typename V::Mask mask;
+  mask_for_sample(mask, p, b, rows);
   const float alpha = V::kHstu ? p.alpha : 1.0f;
 
   const std::int64_t q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;

@@ -66,7 +66,8 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
   const int nq = rows.nq, nkv = rows.nkv;
   const int i0 = qb * kBM;
   if (i0 >= nq) return;
-  const typename V::Mask mask = V::Mask::for_sample(p, b, rows);
+  typename V::Mask mask;
+  mask_for_sample(mask, p, b, rows);
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const int hk = h / (p.heads / kv_heads);
 

@@ -15,6 +15,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "hipdlrm/gpu/host_device.h"
+
 #if defined(__HIP_PLATFORM_AMD__) || defined(__HIPCC__) || defined(USE_ROCM)
 #define HIPDLRM_PLATFORM_HIP 1
 #include <hip/hip_runtime.h>
@@ -118,7 +120,6 @@ inline int current_device() {
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
 #define HIPDLRM_DEVICE_CODE 1
 #define HIPDLRM_DEVICE __device__ __forceinline__
-#define HIPDLRM_HOST_DEVICE __host__ __device__ __forceinline__
 
 // Blocks of `kernel` that fit on one multiprocessor at once (0 if the query fails). Launchers of
 // grid-stride kernels size their grid from this rather than from a guess: a grid larger than what is
