@@ -20,38 +20,14 @@
 #include <vector>
 
 #include "attention/hstu.h"
+#include "check_util.h"
 
 namespace attn = hipdlrm::kernels::attention;
 
 namespace {
 
-#define CHECK_CUDA(x)                                                                      \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                                        \
-    }                                                                                      \
-  } while (0)
-
-std::uint16_t to_bits(float f, bool bf16) {
-  if (bf16) {
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<std::uint16_t>(u >> 16);
-  }
-  return __half_as_ushort(__float2half_rn(f));
-}
-double from_bits(std::uint16_t b, bool bf16) {
-  if (bf16) {
-    std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  return __half2float(__ushort_as_half(b));
-}
+using check::from_bits;
+using check::to_bits;
 
 // fp64 definitions of the activations and their derivatives.
 double act(attn::Activation a, double x, double& g) {
@@ -93,12 +69,7 @@ struct Case {
   bool dense_kv, broadcast_q;
 };
 
-void* dev(const void* h, std::size_t bytes) {
-  void* d = nullptr;
-  CHECK_CUDA(cudaMalloc(&d, bytes > 0 ? bytes : 16));
-  if (bytes > 0) CHECK_CUDA(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-  return d;
-}
+void* dev(const void* h, std::size_t bytes) { return check::to_device(h, bytes); }
 
 // max |got - want| / max |want| (0 when both vanish)
 double rel_err(const std::vector<std::uint16_t>& got, const std::vector<double>& want, bool bf16) {

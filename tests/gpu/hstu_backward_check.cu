@@ -25,46 +25,15 @@
 #include <vector>
 
 #include "attention/hstu.h"
+#include "check_util.h"
 
 namespace {
 
 namespace attn = hipdlrm::kernels::attention;
 
-#define CHECK_CUDA(call)                                                                            \
-  do {                                                                                              \
-    const cudaError_t err_ = (call);                                                                \
-    if (err_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorString(err_), __FILE__, __LINE__, #call); \
-      std::exit(2);                                                                                 \
-    }                                                                                               \
-  } while (0)
-
 // ---- 16-bit formats on the host ---------------------------------------------------------------------------
-std::uint16_t to_bits(attn::ElemType t, float f) {
-  if (t == attn::ElemType::kFloat16) {
-    const __half h = __float2half_rn(f);
-    std::uint16_t b;
-    std::memcpy(&b, &h, 2);
-    return b;
-  }
-  std::uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<std::uint16_t>(u >> 16);
-}
-
-double from_bits(attn::ElemType t, std::uint16_t b) {
-  if (t == attn::ElemType::kFloat16) {
-    __half h;
-    std::memcpy(&h, &b, 2);
-    return static_cast<double>(__half2float(h));
-  }
-  const std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return static_cast<double>(f);
-}
+std::uint16_t to_bits(attn::ElemType t, float f) { return check::to_bits(f, t == attn::ElemType::kBFloat16); }
+double from_bits(attn::ElemType t, std::uint16_t b) { return check::from_bits(b, t == attn::ElemType::kBFloat16); }
 
 constexpr std::uint16_t kNanBits = 0xffff;  // a NaN in both fp16 and bf16
 constexpr int kGuard = 256;                 // elements past the end of every output, which must stay untouched

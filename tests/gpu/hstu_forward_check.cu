@@ -11,29 +11,14 @@
 
 #include "attention/attention_core.h"
 #include "attention/hstu.h"
+#include "check_util.h"
 
 using namespace hipdlrm::kernels::attention;
 
 namespace {
 
-std::uint16_t to_bits(float f, bool bf16) {
-  if (bf16) {
-    std::uint32_t u;
-    std::memcpy(&u, &f, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return static_cast<std::uint16_t>(u >> 16);
-  }
-  return __half_as_ushort(__float2half_rn(f));
-}
-double from_bits(std::uint16_t b, bool bf16) {
-  if (bf16) {
-    std::uint32_t u = static_cast<std::uint32_t>(b) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-  return __half2float(__ushort_as_half(b));
-}
+using check::from_bits;
+using check::to_bits;
 
 struct Case {
   const char* name;
@@ -43,15 +28,6 @@ struct Case {
   int max_attn_len, contextual;
   std::vector<int> targets;  // empty: none
 };
-
-#define CHECK_CUDA(x)                                                             \
-  do {                                                                            \
-    cudaError_t e_ = (x);                                                         \
-    if (e_ != cudaSuccess) {                                                      \
-      std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
-      std::exit(2);                                                               \
-    }                                                                             \
-  } while (0)
 
 bool run(const Case& c, std::mt19937& rng) {
   const int B = static_cast<int>(c.lens.size()), H = c.heads, N = c.max_seq_len;
@@ -72,12 +48,7 @@ bool run(const Case& c, std::mt19937& rng) {
   const float alpha = 1.0f / std::sqrt(static_cast<float>(c.dqk));
   const float scale_value = 1.0f / N;
 
-  auto dev = [](const void* h, std::size_t bytes) {
-    void* d = nullptr;
-    CHECK_CUDA(cudaMalloc(&d, bytes > 0 ? bytes : 16));
-    if (bytes > 0) CHECK_CUDA(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
-    return d;
-  };
+  const auto dev = check::to_device;
   HstuForwardArgs a;
   a.p.batch = B;
   a.p.heads = H;
