@@ -311,6 +311,30 @@ def test_amp_run_agrees_within_the_reduced_precision_tolerance(tmp_path):
     assert cmp["agree"] and cmp["tolerance"] == T.TOL_REDUCED and "bf16 autocast" in cmp["tolerance_reason"]
 
 
+def test_reverse_bags_reverses_each_bag_and_nothing_else():
+    args = T.parse_args(DLRM_FLAGS)
+    batch = T.make_data(args, CPU).batch(3)
+    rev = T.reverse_bags(batch, args.bag_sizes)
+    assert torch.equal(rev.offsets, batch.offsets) and torch.equal(rev.dense, batch.dense)
+    assert torch.equal(rev.labels, batch.labels) and rev.lookups_per_feature == batch.lookups_per_feature
+    off = batch.offsets.tolist()
+    for b in range(len(off) - 1):
+        assert rev.indices[off[b]:off[b + 1]].tolist() == batch.indices[off[b]:off[b + 1]].tolist()[::-1], b
+
+
+def test_noise_floor_run_reports_the_order_sensitivity(tmp_path, capsys):
+    assert T.main(DLRM_FLAGS + ["--steps", "12", "--baseline", "torch", "--noise-floor", "--out", str(tmp_path)]) == 0
+    s = _summary(tmp_path)
+    torch_run, rev_run = s["runs"]["torch"], s["runs"][T.REORDERED]
+    # Same weights and data, only the summation order differs: the first step's losses agree to rounding.
+    assert abs(torch_run["loss"][0] - rev_run["loss"][0]) < 1e-6
+    floor = s["noise_floor"]
+    assert floor["max_smoothed_loss_diff"] < 1e-5 and floor["window"] == 10
+    assert s["comparison"]["agree"]  # the verdict is hipdlrm against torch, as without --noise-floor
+    out = capsys.readouterr().out
+    assert "noise floor (plain PyTorch against itself" in out
+
+
 @pytest.mark.parametrize("flags", [DLRM_FLAGS + ["--baseline", "torch"],
                                    pytest.param(HSTU_FLAGS, marks=requires_hstu)], ids=["dlrm", "hstu"])
 def test_save_resume_continues_identically(tmp_path, flags):
@@ -355,6 +379,9 @@ def _error_of(argv, capsys) -> str:
     (["--device", "tpu"], "--device"),
     (["--steps", "5", "--warmup-steps", "5"], "--warmup-steps 5 leaves no timed step"),
     (["--resume", "/nonexistent/ck.pt"], "--resume /nonexistent/ck.pt: no such file"),
+    (["--noise-floor"], "--noise-floor applies to --model dlrm with --baseline torch"),
+    (["--model", "hstu", "--baseline", "torch", "--noise-floor"], "--noise-floor applies to --model dlrm"),
+    (["--baseline", "torch", "--noise-floor", "--save", "x.pt"], "--noise-floor does not combine with --save"),
 ])
 def test_bad_flags_get_clear_messages(argv, needle, capsys):
     assert needle in _error_of(argv, capsys)

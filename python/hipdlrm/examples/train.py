@@ -22,7 +22,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -148,6 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "1M-10M rows x dim 128, batch 65536; HSTU: history up to 1024, 4 heads of dim 128)")
     p.add_argument("--baseline", choices=("torch",), default=None,
                    help="also train the same model from plain PyTorch parts, from identical weights and data")
+    p.add_argument("--noise-floor", action="store_true",
+                   help="with --baseline torch (DLRM): also train the plain-PyTorch model on the same data with every "
+                        "bag's lookups in reverse order (the same sums, another fp32 order) and report how far its "
+                        "loss curve drifts from the plain-PyTorch one: the curves' sensitivity to summation order "
+                        "alone, next to the hipdlrm comparison (the verdict is unchanged)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--steps", type=_positive_int, default=None, help="training steps (total, when resuming)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="examples (DLRM) or users (HSTU) per step")
@@ -240,6 +245,11 @@ def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
         args.attn_dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.tf32 and device.type != "cuda":
         parser.error("--tf32 applies to GPU runs only")
+    if args.noise_floor:
+        if args.model != "dlrm" or args.baseline != "torch":
+            parser.error("--noise-floor applies to --model dlrm with --baseline torch")
+        if args.save is not None or args.resume is not None:
+            parser.error("--noise-floor does not combine with --save / --resume")
     if args.out is None:
         args.out = os.path.join("train_out", args.model)
     if args.resume is not None and not os.path.isfile(args.resume):
@@ -291,7 +301,23 @@ def make_data(args: argparse.Namespace, device: torch.device):
                              args.min_history_frac, args.zipf_alpha, args.seed, device)
 
 
+# The --noise-floor run: the plain-PyTorch model fed every bag's lookups in reverse order.
+REORDERED = "torch-rev"
+
+
+def reverse_bags(batch: data_mod.DlrmBatch, bag_sizes: Sequence[int]) -> data_mod.DlrmBatch:
+    """The same batch with the lookups of every bag in reverse order: each bag sums the same rows (its
+    embedding-bag sum, and the gradient rows it scatters, in another fp32 order), the offsets unchanged."""
+    B = batch.num_examples
+    pieces, start = [], 0
+    for n, L in zip(batch.lookups_per_feature, bag_sizes):
+        pieces.append(batch.indices[start:start + n].view(B, L).flip(1).reshape(-1))
+        start += n
+    return replace(batch, indices=torch.cat(pieces))
+
+
 def make_model(args: argparse.Namespace, backend: str, device: torch.device) -> torch.nn.Module:
+    backend = "torch" if backend == REORDERED else backend
     mode = hipdlrm.BoundsCheckMode[args.bounds_check.upper()]
     if args.model == "dlrm":
         cfg = DlrmConfig(tuple(data_mod.table_rows(args.rows_scale)), tuple(args.bag_sizes), args.embedding_dim,
@@ -393,6 +419,8 @@ def train_backend(args: argparse.Namespace, backend: str, device: torch.device, 
     wall_start = time.perf_counter()
     for step in range(start_step, args.steps):
         batch = data.batch(step)
+        if backend == REORDERED:
+            batch = reverse_bags(batch, args.bag_sizes)
         started = timer.start()
         loss = train_step(model, batch, dense_opt, sparse_opt, args.amp)
         timer.stop(started, loss)
@@ -585,7 +613,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
     if args.threads is not None or device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
-    backends = ["hipdlrm"] + ([args.baseline] if args.baseline else [])
+    backends = ["hipdlrm"] + ([args.baseline] if args.baseline else []) + ([REORDERED] if args.noise_floor else [])
     checkpoint = load_checkpoint(parser, args, backends, device) if args.resume is not None else None
     start_step = checkpoint["step"] if checkpoint is not None else 0
     if args.warmup_steps >= args.steps - start_step:
@@ -621,7 +649,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     unit = "examples/s" if args.model == "dlrm" else "users/s"
     for name, run in runs.items():
         extra = f", {_fmt_rate(run['tokens_per_s'])} tokens/s" if args.model == "hstu" else ""
-        print(f"{name:<8} {_fmt_rate(run['examples_per_s'])} {unit}{extra} (median step "
+        print(f"{name:<9} {_fmt_rate(run['examples_per_s'])} {unit}{extra} (median step "
               f"{run['step_ms_median']:.2f} ms over {run['steps_timed']} steps); loss {run['loss_first10']:.4f} "
               f"(first 10 steps) -> {run['loss_last10']:.4f} (last 10)")
     status = 0
@@ -633,6 +661,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{cmp['max_smoothed_loss_diff']:.2g} (step {cmp['at_step']}; tolerance {cmp['tolerance']:g}, "
               f"{cmp['tolerance_reason']}); single steps by at most {cmp['max_step_loss_diff']:.2g} "
               f"(step {cmp['max_step_loss_diff_at']})")
+        if args.noise_floor:
+            floor = compare(args, runs[args.baseline], runs[REORDERED])
+            floor = {k: floor[k] for k in ("window", "max_smoothed_loss_diff", "at_step", "max_step_loss_diff",
+                                           "max_step_loss_diff_at")}
+            summary["noise_floor"] = floor
+            print(f"noise floor (plain PyTorch against itself with every bag's lookups reversed): "
+                  f"{floor['window']}-step moving averages differ by at most {floor['max_smoothed_loss_diff']:.2g} "
+                  f"(step {floor['at_step']}); single steps by at most {floor['max_step_loss_diff']:.2g} "
+                  f"(step {floor['max_step_loss_diff_at']})")
         if cmp["throughput_ratio"] is not None:
             print(f"throughput hipdlrm / torch: {cmp['throughput_ratio']:.2f}x")
         status = 0 if cmp["agree"] else 1
