@@ -1,12 +1,12 @@
 // Torch-free interface of the jagged pointwise-activation attention kernels: HSTU (SiLU, HSTU's mask,
 // relative attention bias) and GDPA (a choice of activation, a window, grouped kv heads, separate query and
-// key lengths). Both run on one tiled core (attention_core.h, attention_forward.h, attention_backward.h).
+// key lengths). Both run on one tiled core (attention_core.h, attention_mask.h, attention_forward.h, attention_backward.h).
 //
 // For each sample b and query head h (kv head h / (heads / kv_heads)), with query rows i of the sample and
 // key rows j:
 //   X = alpha * q k^T + rab[b, h]       P = act(X) (.) valid * s     s = scale_per_token[row] or scale_value
 //   O = P v
-// HSTU: act = SiLU, valid = HstuMask (attention_core.h), q, k, v share seq_offsets.
+// HSTU: act = SiLU, valid = HstuMask (attention_mask.h), q, k, v share seq_offsets.
 // GDPA: alpha = 1, no rab, s = qk_scale, valid = |i - j| <= window (everything when window < 0), and
 //       act in {identity, relu, gelu (erf), fast_gelu (tanh form), silu}.
 // q: [Lq, H, dqk]; k: [Lkv, Hkv, dqk]; v: [Lkv, Hkv, dv]; out: [Lo, H, dv]; all contiguous, 16-byte aligned,
@@ -38,7 +38,7 @@ struct AttentionProblem {
   float alpha = 1.0f;
   float scale_value = 1.0f;               // output scale when scale_per_token is null
   const float* scale_per_token = nullptr; // [Lq] fp32, device; scales row i of P (HSTU only)
-  // HSTU mask (see HstuMask in attention_core.h); GDPA leaves these.
+  // HSTU mask (see HstuMask in attention_mask.h); GDPA leaves these.
   bool causal = true;
   int max_attn_len = 0;                   // 0: unlimited
   int contextual_seq_len = 0;             // 0: no contextual prefix
