@@ -1,6 +1,7 @@
 // Torch-free interface of the jagged pointwise-activation attention kernels: HSTU (SiLU, HSTU's mask,
 // relative attention bias) and GDPA (a choice of activation, a window, grouped kv heads, separate query and
-// key lengths). Both run on one tiled core (attention_core.h, attention_mask.h, attention_forward.h, attention_backward.h).
+// key lengths). Both run on one tiled core (attention_core.h, attention_mask.h, attention_forward.h,
+// attention_backward.h).
 //
 // For each sample b and query head h (kv head h / (heads / kv_heads)), with query rows i of the sample and
 // key rows j:
