@@ -70,3 +70,13 @@ def assert_fa_close(got: torch.Tensor, exact: torch.Tensor, low: Optional[torch.
     atol = 2.0**-12 * magnitude
     assert err <= 2 * base + atol, (
         f"{what}: max error {err:.3e} > 2 x {base:.3e} (low-precision reference) + {atol:.3e}")
+
+
+def check_results(got: dict, exact: dict, low: Optional[dict], label: str, names: Sequence[str]) -> None:
+    """assert_fa_close for each named result (output and gradients); a result the reference has no value
+    for (None) must be absent from ``got`` too."""
+    for name in names:
+        if exact.get(name) is None:
+            assert got.get(name) is None, f"{label} {name}: unexpected gradient"
+            continue
+        assert_fa_close(got[name], exact[name], None if low is None else low[name], f"{label} {name}")

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import hipdlrm
 from attention_testing import _one_cpu_thread  # noqa: F401  (autouse fixture)
-from attention_testing import LOW_DTYPES, assert_fa_close, pad_jagged, seeded, unpad
+from attention_testing import LOW_DTYPES, check_results, pad_jagged, seeded, unpad
 from conftest import requires_gpu
 
 FWD = torch.ops.hipdlrm.gdpa_fwd
@@ -197,9 +197,7 @@ def run_op(case: Case, inp: Inputs) -> Result:
 
 
 def check_against(got: Result, exact: Result, low: Optional[Result], case: Case, tag: str = "") -> None:
-    for name in ("out", "q", "k", "v"):
-        assert_fa_close(got[name], exact[name], None if low is None else low[name],
-                        f"{tag}{case.label()} {case.dtype} {name}")
+    check_results(got, exact, low, f"{tag}{case.label()} {case.dtype}", ("out", "q", "k", "v"))
 
 
 def check_cpu_case(case: Case) -> None:

@@ -73,44 +73,25 @@ TOL_REDUCED = 0.02
 
 # ----------------------------------------------------------------------------------------------- flags
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _number_flag(convert, ok, expected: str, out_of_range: Optional[str] = None):
+    """An argparse type: ``convert(text)``, accepted when ``ok(value)``; the messages say what was expected
+    (``out_of_range`` replaces ``expected`` for a number that parses but is rejected)."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"expected {out_of_range or expected}, got {text!r}")
+        return value
+    return parse
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}")
-    return value
+_positive_int = _number_flag(int, lambda v: v >= 1, "a positive integer")
+_nonnegative_int = _number_flag(int, lambda v: v >= 0, "an integer >= 0")
+_positive_float = _number_flag(float, lambda v: v > 0 and math.isfinite(v), "a positive number",
+                               "a positive finite number")
+_fraction = _number_flag(float, lambda v: 0.0 <= v <= 1.0, "a number in [0, 1]")
 
 
 def _int_list(text: str) -> tuple:
