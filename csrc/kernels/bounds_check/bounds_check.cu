@@ -293,32 +293,35 @@ HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, 
   return lo - begin;
 }
 
+// At most 64 registers on NVIDIA (4 blocks, 32 warps per SM: more loads in flight); it needs ~66 unbounded.
 template <typename index_t, int kMode, int kVec, bool kAtomics>
-__global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+__global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, 4) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+  using Vec = IndexVec<index_t, kVec>;
   constexpr bool kTrack = kMode != kIgnore;
   constexpr bool kWrite = kMode != kFatal;
-  constexpr std::int64_t kTile = std::int64_t{kBlock} * kVec * kUnroll;
+  constexpr std::int64_t kStep = std::int64_t{kBlock} * kUnroll;  // vectors per block per step
   const std::int64_t n = p.num_indices;
   std::int64_t* const count_target = kMode == kWarning ? p.warning : &ws.header->scratch_count;
   TableCursor cur;
   std::int64_t count = 0, first_pos = kNone, first_value = 0, first_table = 0;
 
-  auto visit = [&](std::int64_t pos, std::int64_t value) {
+  // True when the index at `pos` must be repaired; counts it and remembers the first one.
+  auto visit = [&](std::int64_t pos, std::int64_t value) -> bool {
     if (pos >= cur.end) cur.seek(pos, p);
     // Out of [0, rows) is one unsigned compare; -1 (pruned) is the one negative value allowed.
     const bool bad = cur.table >= 0 && static_cast<std::uint64_t>(value) >= static_cast<std::uint64_t>(cur.rows) &&
                      value != -1;
     if (bad) {
-      if constexpr (kWrite) p.indices[pos] = 0;
       if constexpr (kTrack) {
         ++count;
         if constexpr (kAtomics) gpu::atomic_add(count_target, 1);
         if (first_pos == kNone) { first_pos = pos; first_value = value; first_table = cur.table; }
       }
     }
+    return bad;
   };
 
-  // Launched as a dependent of the offsets pass: the first tile's loads are issued before waiting for
+  // Launched as a dependent of the offsets pass: the first step's loads are issued before waiting for
   // it (they hide its tail and this kernel's launch); offsets, indices writes and the header only after.
   bool waited = false;
   auto wait_for_offsets_pass = [&]() -> bool {
@@ -329,24 +332,46 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     return kMode == kFatal && *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0;
   };
 
-  for (std::int64_t tile = static_cast<std::int64_t>(blockIdx.x) * kTile; tile < n;
-       tile += static_cast<std::int64_t>(gridDim.x) * kTile) {
-    if (tile + kTile <= n) {
-      IndexVec<index_t, kVec> buf[kUnroll];
+  // Each block owns one contiguous range of whole vectors, the same size for every block (a grid-stride
+  // loop over fixed tiles left the last round to a fraction of the blocks). A vector with a repaired
+  // index is written back once, whole.
+  const std::int64_t num_vecs = n / kVec;
+  const std::int64_t per_block = (num_vecs + gridDim.x - 1) / gridDim.x;
+  const std::int64_t vbegin = static_cast<std::int64_t>(blockIdx.x) * per_block;
+  const std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
+  const Vec* const vecs = reinterpret_cast<const Vec*>(p.indices);
+  for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
+    Vec buf[kUnroll];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u)
-        buf[u] = *reinterpret_cast<const IndexVec<index_t, kVec>*>(
-            p.indices + tile + (static_cast<std::int64_t>(u) * kBlock + threadIdx.x) * kVec);
-      if (!waited && wait_for_offsets_pass()) return;
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
+      if (vi < vend) buf[u] = vecs[vi];
+    }
+    if (!waited && wait_for_offsets_pass()) return;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const std::int64_t base = tile + (static_cast<std::int64_t>(u) * kBlock + threadIdx.x) * kVec;
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
+      if (vi >= vend) continue;
+      bool repaired = false;
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) visit(base + e, static_cast<std::int64_t>(buf[u].v[e]));
+      for (int e = 0; e < kVec; ++e) {
+        if (visit(vi * kVec + e, static_cast<std::int64_t>(buf[u].v[e]))) {
+          buf[u].v[e] = 0;
+          repaired = true;
+        }
       }
-    } else {
-      if (!waited && wait_for_offsets_pass()) return;
-      for (std::int64_t i = tile + threadIdx.x; i < n; i += kBlock) visit(i, static_cast<std::int64_t>(p.indices[i]));
+      if constexpr (kWrite) {
+        if (repaired) reinterpret_cast<Vec*>(p.indices)[vi] = buf[u];
+      }
+    }
+  }
+  // The last few indices (fewer than a vector) go to the last block, one per thread.
+  if (blockIdx.x == gridDim.x - 1) {
+    if (!waited && wait_for_offsets_pass()) return;
+    for (std::int64_t i = num_vecs * kVec + threadIdx.x; i < n; i += kBlock) {
+      if (visit(i, static_cast<std::int64_t>(p.indices[i]))) {
+        if constexpr (kWrite) p.indices[i] = 0;
+      }
     }
   }
   if (!waited && wait_for_offsets_pass()) return;

@@ -37,6 +37,17 @@ __global__ void __launch_bounds__(kBlock)
   validate_indices(members, num_members, total, validation);
 }
 
+// Wide rows whose loads are in flight together. NVIDIA: all kRowsPerGroup (16 vectors per lane; 120
+// registers on sm_90, within the 128 of the launch bound, no spill), to cover the latency with the 16
+// warps per SM that the register budget leaves. AMD: 1 -- two rows per wave64 already, and at 4 rows
+// gfx942 needs 162 VGPRs and spills (78 at 1).
+#if defined(HIPDLRM_PLATFORM_HIP)
+constexpr int kWideRows = 1;
+#else
+constexpr int kWideRows = kRowsPerGroup;
+#endif
+static_assert(kRowsPerGroup % kWideRows == 0, "the wide path walks the group's rows in whole batches");
+
 template <int G, int VB>
 HIPDLRM_DEVICE void gather_task(const Member& m, std::int64_t local_task) {
   using V = Chunk<VB>;
@@ -69,27 +80,40 @@ HIPDLRM_DEVICE void gather_task(const Member& m, std::int64_t local_task) {
       for (int u = 0; u < kRowsPerGroup; ++u)
         if (base + u < end) store_chunk<VB>(dst + (base + u) * rb + l * VB, v[u]);
     } else {
-      // Wide rows: the group walks each row kUnroll vectors per lane at a time.
+      // Wide rows: the group walks its rows kWideRows at a time, kUnroll vectors of each per lane per
+      // step, every load of a step issued before any store (kWideRows x kUnroll vectors in flight per
+      // lane; a step covers a 512-column fp32 row with 32 lanes).
       std::int64_t row[kRowsPerGroup];
 #pragma unroll
-      for (int u = 0; u < kRowsPerGroup; ++u) row[u] = base + u < end ? load_index(m, base + u) : -1;
-#pragma unroll
       for (int u = 0; u < kRowsPerGroup; ++u) {
-        if (base + u >= end) break;
-        const bool valid = row_in_range(row[u], rows);
-        const unsigned char* in = src + (valid ? row[u] : 0) * rb;
-        unsigned char* out = dst + (base + u) * rb;
-        for (std::int64_t c0 = l; c0 < chunks; c0 += static_cast<std::int64_t>(kUnroll) * G) {
-          V v[kUnroll];
+        row[u] = base + u < end ? load_index(m, base + u) : -1;
+        // Out of range (or past the task): nothing is loaded and, within the task, zeros are stored.
+        if (!row_in_range(row[u], rows)) row[u] = -1;
+      }
 #pragma unroll
-          for (int k = 0; k < kUnroll; ++k) {
-            const std::int64_t c = c0 + static_cast<std::int64_t>(k) * G;
-            v[k] = valid && c < chunks ? load_chunk<VB>(in + c * VB) : V{};
+      for (int u0 = 0; u0 < kRowsPerGroup; u0 += kWideRows) {
+        if (base + u0 >= end) break;
+        for (std::int64_t c0 = l; c0 < chunks; c0 += static_cast<std::int64_t>(kUnroll) * G) {
+          V v[kWideRows][kUnroll];
+#pragma unroll
+          for (int u = 0; u < kWideRows; ++u) {
+            const std::int64_t r = row[u0 + u];
+            const unsigned char* in = src + (r >= 0 ? r : 0) * rb;
+#pragma unroll
+            for (int k = 0; k < kUnroll; ++k) {
+              const std::int64_t c = c0 + static_cast<std::int64_t>(k) * G;
+              v[u][k] = r >= 0 && c < chunks ? load_chunk<VB>(in + c * VB) : V{};
+            }
           }
 #pragma unroll
-          for (int k = 0; k < kUnroll; ++k) {
-            const std::int64_t c = c0 + static_cast<std::int64_t>(k) * G;
-            if (c < chunks) store_chunk<VB>(out + c * VB, v[k]);
+          for (int u = 0; u < kWideRows; ++u) {
+            if (base + u0 + u >= end) break;
+            unsigned char* out = dst + (base + u0 + u) * rb;
+#pragma unroll
+            for (int k = 0; k < kUnroll; ++k) {
+              const std::int64_t c = c0 + static_cast<std::int64_t>(k) * G;
+              if (c < chunks) store_chunk<VB>(out + c * VB, v[u][k]);
+            }
           }
         }
       }

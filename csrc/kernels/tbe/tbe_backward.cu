@@ -85,11 +85,7 @@ template <int K, int kOpt>
 constexpr int segment_min_blocks() {
   return kOpt == kAdam && K >= 4 ? 3 : 4;
 }
-#if defined(HIPDLRM_PLATFORM_HIP)
-#define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) __launch_bounds__(kSegmentBlock)
-#else
-#define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) __launch_bounds__(kSegmentBlock, MIN_BLOCKS)
-#endif
+#define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
 
 // A lookup's bag (-1: it contributes nothing) and gradient scale (per-sample weight times 1/L for MEAN),
 // by position: one 8-byte load where the sorted stages follow a position.

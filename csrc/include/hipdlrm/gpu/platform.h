@@ -121,6 +121,14 @@ inline int current_device() {
 #define HIPDLRM_DEVICE_CODE 1
 #define HIPDLRM_DEVICE __device__ __forceinline__
 
+// __launch_bounds__ with a minimum of resident blocks per multiprocessor on NVIDIA (a register cap for
+// ptxas); the thread bound only on AMD, where hipcc reads the second argument as waves per SIMD.
+#if defined(HIPDLRM_PLATFORM_HIP)
+#define HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(THREADS, MIN_BLOCKS) __launch_bounds__(THREADS)
+#else
+#define HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(THREADS, MIN_BLOCKS) __launch_bounds__(THREADS, MIN_BLOCKS)
+#endif
+
 // Blocks of `kernel` that fit on one multiprocessor at once (0 if the query fails). Launchers of
 // grid-stride kernels size their grid from this rather than from a guess: a grid larger than what is
 // resident runs in uneven waves of blocks.
