@@ -330,9 +330,34 @@ def test_noise_floor_run_reports_the_order_sensitivity(tmp_path, capsys):
     assert abs(torch_run["loss"][0] - rev_run["loss"][0]) < 1e-6
     floor = s["noise_floor"]
     assert floor["max_smoothed_loss_diff"] < 1e-5 and floor["window"] == 10
-    assert s["comparison"]["agree"]  # the verdict is hipdlrm against torch, as without --noise-floor
+    assert s["comparison"]["agree"]  # the fixed-tolerance verdict is hipdlrm against torch, as without it
+    assert s["comparison"]["agree_within_noise_floor"]
+    assert s["comparison"]["effective_tolerance"] == max(s["comparison"]["tolerance"], floor["max_smoothed_loss_diff"])
     out = capsys.readouterr().out
     assert "noise floor (plain PyTorch against itself" in out
+
+
+def _curves_cmp(ours, base):
+    args = T.parse_args(DLRM_FLAGS + ["--baseline", "torch"])
+    return T.compare(args, {"loss": ours, "examples_per_s": 2.0}, {"loss": base, "examples_per_s": 1.0})
+
+
+def test_noise_floor_rule_accepts_drift_within_the_floor_and_rejects_beyond_it():
+    base = [0.7 - 0.005 * i for i in range(40)]
+    ours = [x + (0.02 if i >= 20 else 0.0) for i, x in enumerate(base)]  # drifts 0.02 > the fixed 0.01
+    floor_small = {"max_smoothed_loss_diff": 0.015}
+    floor_large = {"max_smoothed_loss_diff": 0.03}
+    cmp = _curves_cmp(ours, base)
+    assert not cmp["agree"] and abs(cmp["max_smoothed_loss_diff"] - 0.02) < 1e-12
+    T.judge_against_noise_floor(cmp, floor_small)
+    assert cmp["effective_tolerance"] == 0.015 and not cmp["agree_within_noise_floor"]
+    cmp = _curves_cmp(ours, base)
+    T.judge_against_noise_floor(cmp, floor_large)
+    assert cmp["effective_tolerance"] == 0.03 and cmp["agree_within_noise_floor"] and not cmp["agree"]
+    # A floor below the fixed tolerance never tightens it.
+    cmp = _curves_cmp(base, base)
+    T.judge_against_noise_floor(cmp, {"max_smoothed_loss_diff": 0.0})
+    assert cmp["effective_tolerance"] == T.TOL_FP32 and cmp["agree_within_noise_floor"]
 
 
 @pytest.mark.parametrize("flags", [DLRM_FLAGS + ["--baseline", "torch"],
