@@ -48,3 +48,26 @@ for e in prof.key_averages():
     if e.device_type.name == "CUDA" or "kernel" in e.key:
         n = max(e.count, 1)
         print(f"kernel {e.key[:60]:60s} count {e.count} avg {getattr(e, 'device_time_total', getattr(e, 'cuda_time_total', 0))/n:.1f} us")
+
+# The host path of one call, op by op (CPU and runtime-API time), with the GPU idle before each call.
+if "--profile" in sys.argv:
+    from torch.profiler import record_function
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(20):
+            torch.cuda.synchronize()
+            with record_function("one call"):
+                op(inputs, idx)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=30, max_name_column_width=60))
+    # Pieces the op does 32 times, timed alone from Python.
+    def host(fn, n=200):
+        for _ in range(20): fn()
+        t0 = time.perf_counter()
+        for _ in range(n): fn()
+        return (time.perf_counter() - t0) / n * 1e6
+    print(f"32 x torch.empty: {host(lambda: [torch.empty(4096, 512, device=dev) for _ in range(32)]):.1f} us")
+    print(f"1 x torch.empty (all 32 outputs): {host(lambda: torch.empty(32 * 4096, 512, device=dev)):.1f} us")
+    print(f"32 x torch.empty, inference mode: ", end="")
+    with torch.inference_mode():
+        print(f"{host(lambda: [torch.empty(4096, 512, device=dev) for _ in range(32)]):.1f} us")
+    print(f"cuda launch of a tiny kernel (torch.zeros(1) add_): {host(lambda: z.add_(1)) if (z := torch.zeros(1, device=dev)) is not None else 0:.1f} us")
