@@ -4,8 +4,8 @@
 
 returns ``[input.index_select(0, indices) for input, indices in zip(input_group, indices_group)]`` in
 one kernel launch for the whole group (and one for the backward). Registered here: the fake (meta)
-kernels used by torch.compile and the autograd formulas, so the op itself is differentiable. See
-docs/group_index_select.md.
+kernels used by torch.compile; the autograd formulas, which make the op itself differentiable, are
+registered in C++. See docs/group_index_select.md.
 """
 from __future__ import annotations
 
@@ -47,49 +47,8 @@ def _backward_fake(grad_output_group, indices_group, input_rows, cache_slots=DEF
     return [g.new_empty((rows,) + tuple(g.shape[1:])) for g, rows in zip(grad_output_group, input_rows)]
 
 
-def _no_grads_for_the_rest(ctx) -> tuple:
-    """One None per argument after the two tensor lists, as many as the call passed: the dispatcher drops
-    trailing arguments equal to their defaults, and the returned structure must match what it passed
-    (setup_context sees them filled in; ctx.needs_input_grad has the passed ones). A list of ints, like
-    input_rows, takes one None."""
-    return (None,) * (len(ctx.needs_input_grad) - 2)
-
-
-def _setup_forward(ctx, inputs, output) -> None:
-    input_group, indices_group = inputs[0], inputs[1]
-    ctx.input_rows = [inp.shape[0] for inp in input_group]
-    ctx.cache_slots = inputs[3] if len(inputs) > 3 else DEFAULT_CACHE_SLOTS
-    ctx.deterministic = inputs[4] if len(inputs) > 4 else None
-    ctx.save_for_backward(*indices_group)
-
-
-def _forward_backward(ctx, grads):
-    """d input_group: the scatter-add of the output gradients. The indices were validated by the forward
-    (and autograd refuses saved tensors modified since), so the backward does not validate them again."""
-    indices = list(ctx.saved_tensors)
-    deterministic = ctx.deterministic
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    grad_inputs = torch.ops.hipdlrm._group_index_select_dim0_backward(
-        list(grads), indices, ctx.input_rows, ctx.cache_slots, deterministic, False
-    )
-    return (grad_inputs, [None] * len(indices)) + _no_grads_for_the_rest(ctx)
-
-
-def _setup_backward(ctx, inputs, output) -> None:
-    ctx.save_for_backward(*inputs[1])
-
-
-def _backward_backward(ctx, grads):
-    """The backward is linear in grad_output_group: its own gradient is the forward gather."""
-    indices = list(ctx.saved_tensors)
-    gathered = torch.ops.hipdlrm.group_index_select_dim0(list(grads), indices)
-    return (gathered, [None] * len(indices)) + _no_grads_for_the_rest(ctx)
-
-
-torch.library.register_autograd(_FORWARD, _forward_backward, setup_context=_setup_forward)
-torch.library.register_autograd(_IMPL, _forward_backward, setup_context=_setup_forward)
-torch.library.register_autograd(_BACKWARD, _backward_backward, setup_context=_setup_backward)
+# The autograd formulas are registered in C++ (csrc/ops/group_index_select/group_index_select_autograd.cpp):
+# a Python autograd kernel sat on every call's critical path.
 
 
 def group_index_select(

@@ -670,3 +670,21 @@ def test_opcheck_backward(device, deterministic):
     inputs, indices = _leaf_group(device, torch.float32, "opcheck_bwd")
     grads = [g.requires_grad_() for g in make_grads(ref_forward(inputs, indices), ("opcheck",))]
     torch.library.opcheck(BACKWARD.default, (grads, indices, rows_of(inputs), 2, deterministic, True))
+
+
+@pytest.mark.parametrize("device", devices)
+def test_autograd_records_a_graph_only_when_needed(device):
+    """The C++ autograd kernel: outputs carry a grad_fn exactly when an input requires grad and grad
+    mode is on, and the gradient then reaches only the inputs that require it."""
+    inputs, indices = _leaf_group(device, torch.float32, "graph")
+    plain = [x.detach() for x in inputs]
+    assert all(o.grad_fn is None and not o.requires_grad for o in OP(plain, indices))
+    with torch.no_grad():
+        assert all(o.grad_fn is None for o in OP(inputs, indices))
+    mixed = plain[:2] + [inputs[2]] + plain[3:]
+    out = OP(mixed, indices)
+    assert all(o.requires_grad for o in out)
+    torch.autograd.backward(out, [torch.ones_like(o) for o in out])
+    assert mixed[0].grad is None and mixed[2].grad is not None
+    expected = torch.zeros_like(plain[2]).index_add_(0, indices[2], torch.ones_like(out[2]))
+    torch.testing.assert_close(mixed[2].grad, expected)
