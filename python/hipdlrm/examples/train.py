@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --baseline torch (DLRM): also train the plain-PyTorch model on the same data with every "
                         "bag's lookups in reverse order (the same sums, another fp32 order) and report how far its "
                         "loss curve drifts from the plain-PyTorch one: the curves' sensitivity to summation order "
-                        "alone, next to the hipdlrm comparison (the verdict is unchanged)")
+                        "alone. The hipdlrm curve then also agrees when it drifts no further than that floor "
+                        "(docs/training.md, Agreement)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--steps", type=_positive_int, default=None, help="training steps (total, when resuming)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="examples (DLRM) or users (HSTU) per step")
