@@ -61,7 +61,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from common import Progress, print_table, print_targets, resolve_device, time_fn, write_results
+from common import Progress, print_table, print_targets, resolve_device, time_fn, finish_run
 
 try:
     import hipdlrm  # noqa: F401  (registers torch.ops.hipdlrm)
@@ -654,12 +654,8 @@ def main_gdpa(args: argparse.Namespace, device: torch.device) -> int:
         "targets": targets,
         "hipdlrm_error": HIPDLRM_ERROR,
     }
-    path = write_results("gdpa", rows, extra, device=device, out=args.out)
-    print(f"\nresults: {path}")
-    if HIPDLRM_ERROR is not None:
-        print(f"error: hipdlrm was not timed: {HIPDLRM_ERROR}", file=sys.stderr)
-        return 1
-    return 0
+    return finish_run("gdpa", rows, extra, device=device, out=args.out,
+                      not_timed=HIPDLRM_ERROR)
 
 
 def int_list(text: str) -> List[int]:
@@ -791,12 +787,8 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
         "targets": targets,
         "hipdlrm_error": HIPDLRM_ERROR,
     }
-    path = write_results("attention", rows, extra, device=device, out=args.out)
-    print(f"\nresults: {path}")
-    if HIPDLRM_ERROR is not None:
-        print(f"error: hipdlrm was not timed: {HIPDLRM_ERROR}", file=sys.stderr)
-        return 1
-    return 0
+    return finish_run("attention", rows, extra, device=device, out=args.out,
+                      not_timed=HIPDLRM_ERROR)
 
 
 if __name__ == "__main__":

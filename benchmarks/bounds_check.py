@@ -55,7 +55,7 @@ os.environ["HIPDLRM_QUIET_WARNINGS"] = "1"  # must precede the hipdlrm import
 
 import torch  # noqa: E402
 
-from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, write_results  # noqa: E402
+from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, finish_run  # noqa: E402
 
 try:
     import hipdlrm  # noqa: F401,E402  (registers torch.ops.hipdlrm)
@@ -359,13 +359,8 @@ def main(argv=None) -> int:
         "targets": targets,
         "hipdlrm_error": HIPDLRM_ERROR,
     }
-    path = write_results("bounds_check", rows, extra, device=device, out=args.out)
-    print(f"\nresults: {path}")
-    if BLOCK_REDUCE not in fns:
-        print(f"error: hipdlrm's bounds_check_indices was not timed: {HIPDLRM_ERROR or 'op not registered'}",
-              file=sys.stderr)
-        return 1
-    return 0
+    return finish_run("bounds_check", rows, extra, device=device, out=args.out,
+                      not_timed=None if BLOCK_REDUCE in fns else (HIPDLRM_ERROR or "op not registered"))
 
 
 if __name__ == "__main__":

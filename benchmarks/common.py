@@ -197,6 +197,18 @@ def write_results(
     return path
 
 
+def finish_run(name: str, rows: Sequence[Mapping[str, Any]], extra: Mapping[str, Any], *, device: torch.device,
+               out: str | Path | None, not_timed: str | None = None) -> int:
+    """The end of every benchmark's main(): writes the results (write_results), prints their path, and
+    returns the exit status: 1 when hipdlrm was not timed (`not_timed` says why, on stderr), else 0."""
+    path = write_results(name, rows, extra, device=device, out=out)
+    print(f"\nresults: {path}")
+    if not_timed is not None:
+        print(f"error: hipdlrm was not timed: {not_timed}", file=sys.stderr)
+        return 1
+    return 0
+
+
 Column = Union[str, Tuple[str, str], Tuple[str, str, str]]
 
 

@@ -53,7 +53,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, write_results
+from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, finish_run
 
 try:
     import hipdlrm  # noqa: F401  (registers torch.ops.hipdlrm)
@@ -457,12 +457,8 @@ def main(argv=None) -> int:
         "targets": targets,
         "hipdlrm_error": HIPDLRM_ERROR,
     }
-    path = write_results("group_index_select", rows, extra, device=device, out=args.out)
-    print(f"\nresults: {path}")
-    if HIPDLRM_ERROR is not None:
-        print(f"error: hipdlrm was not timed: {HIPDLRM_ERROR}", file=sys.stderr)
-        return 1
-    return 0
+    return finish_run("group_index_select", rows, extra, device=device, out=args.out,
+                      not_timed=HIPDLRM_ERROR)
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ from typing import Callable, Dict, List
 import torch
 import torch.nn.functional as F
 
-from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, write_results
+from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, finish_run
 
 try:
     import hipdlrm
@@ -470,9 +470,7 @@ def main(argv=None) -> int:
         "fbgemm_gpu": HAVE_FBGEMM and device.type == "cuda",
         "targets": targets,
     }
-    path = write_results("tbe", results, extra, device=device, out=args.out)
-    print(f"\nresults: {path}")
-    return 0
+    return finish_run("tbe", results, extra, device=device, out=args.out)
 
 
 if __name__ == "__main__":
