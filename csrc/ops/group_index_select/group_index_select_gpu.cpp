@@ -10,6 +10,7 @@
 // not for the gather, which keeps the GPU busy while the host returns and enqueues more work. The
 // kernels never read or write out of bounds, whatever the indices are.
 #include <ATen/ATen.h>
+#include <ATen/cuda/EmptyTensor.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -197,6 +198,14 @@ class IndexCheck {
   bool answered_ = false;
 };
 
+// An uninitialised contiguous tensor of `sizes` shaped like `like` (dtype, device): the tensor at::empty
+// builds, from the same caching allocator, without the dispatcher round trip. A call allocates one per
+// member; on one H200 machine 32 of these took 33 us against 46 us through at::empty
+// (scripts/alloc_probe.py).
+at::Tensor empty_like_with(at::IntArrayRef sizes, const at::Tensor& like) {
+  return at::detail::empty_cuda(sizes, like.scalar_type(), like.device(), c10::nullopt);
+}
+
 std::vector<kgis::MemberArgs> member_args(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>& dst,
                                           const std::vector<at::Tensor>& indices, const GroupLayout& layout) {
   std::vector<kgis::MemberArgs> args(src.size());
@@ -226,7 +235,7 @@ std::vector<at::Tensor> forward_gpu_impl(at::TensorList input_group, at::TensorL
   std::vector<at::Tensor> outputs;
   outputs.reserve(inputs.size());
   for (std::size_t k = 0; k < inputs.size(); ++k)
-    outputs.push_back(at::empty(with_rows(inputs[k], indices[k].numel()), inputs[k].options()));
+    outputs.push_back(empty_like_with(with_rows(inputs[k], indices[k].numel()), inputs[k]));
 
   const kgis::Plan plan = kgis::make_plan(member_args(inputs, outputs, indices, layout), kernel_dtype(layout.dtype),
                                           kgis::Pass::kForward, cfg.wave_size, static_cast<int>(group_width));
@@ -270,7 +279,7 @@ std::vector<at::Tensor> backward_gpu(at::TensorList grad_output_group, at::Tenso
   std::vector<at::Tensor> grad_inputs;
   grad_inputs.reserve(grads.size());
   for (std::size_t k = 0; k < grads.size(); ++k) {
-    at::Tensor g = at::empty(with_rows(grads[k], layout.rows[k]), grads[k].options());
+    at::Tensor g = empty_like_with(with_rows(grads[k], layout.rows[k]), grads[k]);
     // The zero-fill kernel stores 16 bytes at a time from the start of each allocation.
     TORCH_INTERNAL_ASSERT(reinterpret_cast<std::uintptr_t>(g.data_ptr()) % 16 == 0);
     grad_inputs.push_back(std::move(g));

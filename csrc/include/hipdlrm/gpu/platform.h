@@ -9,6 +9,7 @@
 // made it a runtime value. Host code that needs the width asks the device (device_wave_size()).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -76,7 +77,7 @@ inline status_t memset_async(void* p, int value, std::size_t bytes, stream_t str
 #endif
 }
 
-inline int device_wave_size(int device) {
+inline int query_wave_size(int device) {
   int w = 0;
 #if defined(HIPDLRM_PLATFORM_HIP)
   if (hipDeviceGetAttribute(&w, hipDeviceAttributeWarpSize, device) != hipSuccess) w = 0;
@@ -86,7 +87,7 @@ inline int device_wave_size(int device) {
   return w;
 }
 
-inline int device_multiprocessors(int device) {
+inline int query_multiprocessors(int device) {
   int n = 0;
 #if defined(HIPDLRM_PLATFORM_HIP)
   if (hipDeviceGetAttribute(&n, hipDeviceAttributeMultiprocessorCount, device) != hipSuccess) n = 0;
@@ -95,6 +96,24 @@ inline int device_multiprocessors(int device) {
 #endif
   return n;
 }
+
+// A device's attributes do not change while the process runs: each is queried once per device and then
+// read from this cache (the ops ask on every call). A failed query (0) is not cached.
+template <int (*Query)(int)>
+inline int cached_device_attribute(int device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices];
+  if (device < 0 || device >= kCachedDevices) return Query(device);
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = Query(device);
+    cache[device].store(v, std::memory_order_relaxed);
+  }
+  return v;
+}
+
+inline int device_wave_size(int device) { return cached_device_attribute<query_wave_size>(device); }
+inline int device_multiprocessors(int device) { return cached_device_attribute<query_multiprocessors>(device); }
 
 // Lets `kernel` use `bytes` of dynamic shared memory (beyond the 48 KB default on NVIDIA).
 template <typename Kernel>
