@@ -1,7 +1,9 @@
 """Builds hipdlrm._C against the torch that is installed.
 
 - CPU torch: CPU kernels only.
-- CUDA torch (nvcc): CPU + CUDA kernels; targets from TORCH_CUDA_ARCH_LIST (torch's default otherwise).
+- CUDA torch (nvcc): CPU + CUDA kernels; targets from TORCH_CUDA_ARCH_LIST (torch's default otherwise,
+  with 9.0 built as 9.0a when a Hopper GPU is visible). A list with 9.0a (and no plain 9.0) also builds
+  the Hopper wgmma attention forward (HIPDLRM_SM90A_KERNELS).
 - ROCm torch (torch.version.hip): CPU + HIP kernels through hipcc; targets from PYTORCH_ROCM_ARCH,
   default gfx942;gfx90a;gfx950; rocPRIM provides the device-wide primitives.
 
@@ -33,6 +35,27 @@ def gpu_backend():
     return None
 
 
+def cuda_arch_defines():
+    """Hopper: the wgmma kernels need sm_90a code. Builds for a visible Hopper GPU without an explicit
+    TORCH_CUDA_ARCH_LIST get 9.0a instead of 9.0; the wgmma paths are enabled only when every 9.0 target
+    is 9.0a (a plain sm_90 binary would hold only their empty stubs)."""
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs is None and torch.cuda.is_available():
+        caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+        if (9, 0) in caps:
+            archs = ";".join(f"{ma}.{mi}" + ("a" if (ma, mi) == (9, 0) else "") for ma, mi in caps)
+            os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    entries = [a for a in (archs or "").replace(" ", ";").split(";") if a]
+    hopper = [a for a in entries if a.startswith("9.0")]
+    if hopper and all(a == "9.0a" for a in hopper):
+        print(f"hipdlrm: CUDA targets {archs}: building the sm_90a (wgmma) attention forward")
+        return ["-DHIPDLRM_SM90A_KERNELS"]
+    if hopper:
+        print(f"hipdlrm: CUDA targets {archs}: no sm_90a target, the Hopper wgmma kernels are not built "
+              "(TORCH_CUDA_ARCH_LIST=9.0a builds them)")
+    return []
+
+
 def extension():
     backend = gpu_backend()
     include_dirs = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
@@ -54,6 +77,9 @@ def extension():
     else:
         print(f"hipdlrm: building CPU + CUDA kernels (CUDA {torch.version.cuda})")
         device_flags = ["-O3", "-std=c++17", "-DHIPDLRM_PYTHON_MODULE", "--expt-relaxed-constexpr", "-lineinfo"]
+        arch_defines = cuda_arch_defines()
+        device_flags += arch_defines
+        cxx = cxx + arch_defines
     return cpp_extension.CUDAExtension(
         "hipdlrm._C",
         rel(cpu_sources + gpu_bindings + kernels),

@@ -80,3 +80,19 @@ def check_results(got: dict, exact: dict, low: Optional[dict], label: str, names
             assert got.get(name) is None, f"{label} {name}: unexpected gradient"
             continue
         assert_fa_close(got[name], exact[name], None if low is None else low[name], f"{label} {name}")
+
+
+def run_with_wgmma_disabled(test_file: str, selection: str) -> None:
+    """Runs the tests of `test_file` that `selection` (a pytest -k expression) picks in a fresh process with
+    HIPDLRM_DISABLE_WGMMA=1, so that on a Hopper GPU (where head dims in (64, 128] take the wgmma forward)
+    the portable forward kernel at those head dims is checked against the same references. Fails with the
+    child's output unless every selected test passes (and at least one ran)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HIPDLRM_DISABLE_WGMMA="1")
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(here, test_file), "-k", selection]
+    r = subprocess.run(cmd, env=env, cwd=here, capture_output=True, text=True)
+    assert r.returncode == 0, f"{' '.join(cmd)} (HIPDLRM_DISABLE_WGMMA=1) failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import hipdlrm
 from attention_testing import _one_cpu_thread  # noqa: F401  (autouse fixture)
-from attention_testing import LOW_DTYPES, check_results, pad_jagged, seeded, unpad
+from attention_testing import LOW_DTYPES, check_results, pad_jagged, run_with_wgmma_disabled, seeded, unpad
 from conftest import requires_gpu
 
 FWD = torch.ops.hipdlrm.hstu_mha_fwd
@@ -591,6 +591,20 @@ GPU_MASK_CASES = MASK_CASES + [Case(causal=c, targets=True, max_attn_len=9, cont
 @pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
 def test_gpu_masks(case, dtype):
     check_gpu_case(dataclasses.replace(case, dtype=dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
+def test_gpu_masks_head_dim_128(case, dtype):
+    """Every mask option at head dim 128, the width of the Hopper (wgmma) forward."""
+    check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=128, dv=128))
+
+
+@requires_gpu
+def test_gpu_portable_forward_with_wgmma_disabled():
+    """The portable forward at head dims in (64, 128], which the wgmma kernel replaces on Hopper."""
+    run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_head_dim_128 or test_gpu_long_sequences")
 
 
 @requires_gpu

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import hipdlrm
 from attention_testing import _one_cpu_thread  # noqa: F401  (autouse fixture)
-from attention_testing import LOW_DTYPES, check_results, pad_jagged, seeded, unpad
+from attention_testing import LOW_DTYPES, check_results, pad_jagged, run_with_wgmma_disabled, seeded, unpad
 from conftest import requires_gpu
 
 FWD = torch.ops.hipdlrm.gdpa_fwd
@@ -609,6 +609,13 @@ def test_gpu_long_sequences(activation, dtype):
                         heads=4, kv_heads=4, dim=128, activation=activation, dtype=dtype))
     check_gpu_case(Case(q_lengths=(1024, 999), kv_lengths=(256, 256), heads=4, kv_heads=4, dim=128,
                         activation=activation, window=300, dtype=dtype))
+
+
+@requires_gpu
+def test_gpu_portable_forward_with_wgmma_disabled():
+    """The portable forward at head dim 128, which the wgmma kernel replaces on Hopper."""
+    run_with_wgmma_disabled("test_gdpa.py", "test_gpu_activations or test_gpu_windows or test_gpu_grouped_kv_heads "
+                                            "or test_gpu_dense_kv or test_gpu_broadcast_q or test_gpu_long_sequences")
 
 
 @requires_gpu

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "attention_core.h"
+#include "attention_forward_sm90.h"
 #include "hstu.h"
 
 namespace hipdlrm {
@@ -246,6 +247,12 @@ gpu::status_t launch_attention_forward(const AttentionForwardArgs& args, gpu::st
 template <class V>
 gpu::status_t dispatch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
+#if defined(HIPDLRM_PLATFORM_CUDA)
+  if (sm90_forward_available(args.p)) {
+    return args.p.dtype == ElemType::kBFloat16 ? launch_attention_forward_sm90<gpu::bfloat16_t, V>(args, stream)
+                                               : launch_attention_forward_sm90<gpu::half_t, V>(args, stream);
+  }
+#endif
   if (args.p.dtype == ElemType::kBFloat16) {
     using T = gpu::bfloat16_t;
     if (d <= 32) return launch_attention_forward<T, 32, V>(args, stream);

@@ -97,6 +97,20 @@ inline int query_multiprocessors(int device) {
   return n;
 }
 
+inline int query_compute_capability(int device) {
+  int major = 0, minor = 0;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  if (hipDeviceGetAttribute(&major, hipDeviceAttributeComputeCapabilityMajor, device) != hipSuccess ||
+      hipDeviceGetAttribute(&minor, hipDeviceAttributeComputeCapabilityMinor, device) != hipSuccess)
+    return 0;
+#else
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return 0;
+#endif
+  return 10 * major + minor;
+}
+
 // A device's attributes do not change while the process runs: each is queried once per device and then
 // read from this cache (the ops ask on every call). A failed query (0) is not cached.
 template <int (*Query)(int)>
@@ -114,6 +128,8 @@ inline int cached_device_attribute(int device) {
 
 inline int device_wave_size(int device) { return cached_device_attribute<query_wave_size>(device); }
 inline int device_multiprocessors(int device) { return cached_device_attribute<query_multiprocessors>(device); }
+// 10 * major + minor (90 for H100 / H200); 0 if the query failed.
+inline int device_compute_capability(int device) { return cached_device_attribute<query_compute_capability>(device); }
 
 // Lets `kernel` use `bytes` of dynamic shared memory (beyond the 48 KB default on NVIDIA).
 template <typename Kernel>

@@ -1,0 +1,266 @@
+// Hopper (sm_90a) forward of the pointwise-activation attention core at head dim 128 (HSTU and GDPA: the
+// same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma).
+//
+// One block of one or two warpgroups per (sample, query head, 64 or 128 query rows); warpgroup w owns 64 rows. q is
+// staged once; k and v blocks of kBN keys stream through two shared-memory stages with cp.async. Per key
+// block each warpgroup computes S[64 x kBN] = q k^T with both operands read by wgmma from shared memory
+// (8 k16 steps over the head dim), applies alpha, rab, the activation and the mask to S in registers, packs
+// it into the register A operand of O[64 x 128] += P v (v read from shared memory in its natural [key][d]
+// layout through the transposed-B descriptor), and O stays in registers until the end. Masks skip whole
+// key blocks as in the portable kernel (block level, then per warpgroup); fully valid tiles take the
+// mask-free path. Tiles use the 128-byte swizzle (gpu/wgmma.h), written by cp.async with the same swizzle.
+//
+// Used for 64 < max(dqk, dv) <= 128 on a compute-capability 9.0 device when the extension was built for
+// sm_90a (HIPDLRM_SM90A_KERNELS); HIPDLRM_DISABLE_WGMMA=1 in the environment falls back to the portable
+// kernel. Elsewhere the kernel is an empty stub that is never launched.
+#pragma once
+
+#include <cstdlib>
+#include <type_traits>
+
+#include "attention_core.h"
+#include "hipdlrm/gpu/wgmma.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace attention {
+
+// Tile shape per variant, measured on the H200 (scripts/attn_sm90_try.sh, bf16, d128, kernel only;
+// HSTU causal B=512 H=4 N=1024 / 4096, GDPA B=1152 H=4 N=1024 gelu / fast_gelu / raw, TFLOP/s):
+//   64 keys, 2 warpgroups (1 block/SM):  HSTU 135 / 204   GDPA 238 / 247 / 324
+//   64 keys, 1 warpgroup (2 blocks/SM):  HSTU 161 / 221   GDPA 229 / 251 / 306
+//   128 keys, 2 warpgroups (1 block/SM): HSTU 145 / 235   GDPA 249 / 278 / 388
+//   128 keys, 1 warpgroup (1 block/SM):  HSTU  89 / 146   GDPA 169 / 189 / 245
+// (the portable mma.sync kernel, same run: HSTU 122 / 189, GDPA 190 / 216). HSTU's causal blocks gain
+// from the smaller tile at the N = 1024 (less work on the diagonal, two blocks per SM to overlap
+// one's prologue and activation with the other's matrix work); GDPA's full rows from the larger one.
+template <class V>
+struct Sm90FwdTiles {
+  static constexpr int kBlockN = V::kHstu ? 64 : 128;
+  static constexpr int kWarpgroups = V::kHstu ? 1 : 2;
+};
+
+template <int kBN, int kWG>
+struct Sm90FwdConfig {
+  static constexpr int kD = 128;
+  static constexpr int kWarpgroups = kWG;
+  static constexpr int kMinBlocks = kWG == 1 ? 2 : 1;
+  static constexpr int kBlockM = 64 * kWarpgroups;
+  static constexpr int kBlockN = kBN;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kTileQ = kBlockM * kD * 2;   // bytes
+  static constexpr int kTileKV = kBlockN * kD * 2;  // bytes of one k (or v) block
+  static constexpr int kSmem = kTileQ + 2 * 2 * kTileKV + 1024;  // + slack to align the tiles to 1024 bytes
+};
+
+// Rows [row0, row0 + kRows) of a [*, row_stride] tensor (16-bit elements, `cols` valid columns, a multiple
+// of 8) into a swizzled [kRows][128] tile; rows >= row_end and columns >= cols are zero.
+template <int kRows, int kThreads, typename T>
+HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
+                                   std::int64_t row_stride, int cols) {
+  constexpr int kChunks = kRows * 16;  // 16-byte chunks of the 256-byte rows
+  for (int c = static_cast<int>(threadIdx.x); c < kChunks; c += kThreads) {
+    const int r = c >> 4, chunk = c & 15;
+    const std::int64_t row = row0 + r;
+    const bool ok = row < row_end && chunk * 8 < cols;
+    stage_copy16(tile + gpu::wgmma::swizzled_offset(r, chunk, kRows), ok ? base + row * row_stride + chunk * 8 : base,
+                 ok);
+  }
+}
+
+template <typename T, class V, int kBN, int kWG>
+__global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG>::kThreads, Sm90FwdConfig<kBN, kWG>::kMinBlocks)
+    attention_forward_sm90_kernel(AttentionForwardArgs args, int num_qblocks) {
+#if defined(HIPDLRM_WGMMA)
+  using Cfg = Sm90FwdConfig<kBN, kWG>;
+  using F = Act<V::kAct>;
+  namespace wg = gpu::wgmma;
+  constexpr int kBM = Cfg::kBlockM, kThreads = Cfg::kThreads;
+  constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
+  constexpr int kSRegs = kBN / 2;  // S accumulator registers per thread
+  constexpr int kPSteps = kBN / 16;
+
+  extern __shared__ uint4 smem_raw[];
+  unsigned char* const smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* const q_s = smem;
+  unsigned char* const kv_s = smem + Cfg::kTileQ;
+
+  const AttentionProblem& p = args.p;
+  const std::int64_t total = static_cast<std::int64_t>(num_qblocks) * p.heads * p.batch;
+  const std::int64_t id = xcd_remap(blockIdx.x, total);
+  const int qb = num_qblocks - 1 - static_cast<int>(id % num_qblocks);  // longest rows first
+  const int h = static_cast<int>((id / num_qblocks) % p.heads);
+  const int b = static_cast<int>(id / (static_cast<std::int64_t>(num_qblocks) * p.heads));
+  const SampleRows rows = sample_rows(p, b);
+  const int nq = rows.nq, nkv = rows.nkv;
+  const int i0 = qb * kBM;
+  if (i0 >= nq) return;
+  typename V::Mask mask;
+  mask_for_sample(mask, p, b, rows);
+  const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
+  const int hk = h / (p.heads / kv_heads);
+
+  const std::int64_t q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
+  const std::int64_t o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
+  const std::int64_t k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
+  const std::int64_t v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
+  const T* const qg = static_cast<const T*>(args.q) + rows.q0 * q_stride + static_cast<std::int64_t>(h) * p.dqk;
+  const T* const kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
+  const T* const vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
+  const T* rab = nullptr;
+  if (V::kHstu && p.rab != nullptr) {
+    const std::int64_t rb = p.rab_batch == 1 ? 0 : b, rh = p.rab_heads == 1 ? 0 : h;
+    rab = static_cast<const T*>(p.rab) +
+          (rb * p.rab_heads + rh) * p.max_seq_len * static_cast<std::int64_t>(p.max_seq_len);
+  }
+  const float alpha = V::kHstu ? p.alpha : 1.0f;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int w0 = i0 + 64 * group;              // this warpgroup's first query row
+  const int r0 = w0 + 16 * warp + g;           // this thread's rows: r0 and r0 + 8
+  const int num_kblocks = (nkv + kBN - 1) / kBN;
+  auto next_block = [&](int jb) {
+    while (jb < num_kblocks && !mask.tile_any(i0, i0 + kBM, jb * kBN, jb * kBN + kBN)) ++jb;
+    return jb;
+  };
+  auto stage_kv = [&](int block, int stage) {
+    unsigned char* const k_s = kv_s + stage * 2 * Cfg::kTileKV;
+    stage_swizzled<kBN, kThreads>(k_s, kg, static_cast<std::int64_t>(block) * kBN, nkv, k_stride, p.dqk);
+    stage_swizzled<kBN, kThreads>(k_s + Cfg::kTileKV, vg, static_cast<std::int64_t>(block) * kBN, nkv, v_stride,
+                                  p.dv);
+  };
+
+  stage_swizzled<kBM, kThreads>(q_s, qg, i0, nq, q_stride, p.dqk);
+  int jb = next_block(0);
+  if (jb < num_kblocks) stage_kv(jb, 0);
+  stage_commit();
+  stage_wait<0>();
+  wg::fence_smem_for_async();
+  __syncthreads();
+
+  float o[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+  // q of this warpgroup: 64 rows starting at line 64 * group of each 64-column block.
+  const unsigned char* const q_wg = q_s + 64 * group * 128;
+
+  int stage = 0;
+  while (jb < num_kblocks) {
+    const int jn = next_block(jb + 1);
+    if (jn < num_kblocks) stage_kv(jn, stage ^ 1);
+    stage_commit();
+
+    const unsigned char* const k_s = kv_s + stage * 2 * Cfg::kTileKV;
+    const unsigned char* const v_s = k_s + Cfg::kTileKV;
+    const int j0 = jb * kBN;
+    if (mask.tile_any(w0, w0 + 64, j0, j0 + kBN)) {
+      float s[kSRegs];
+#pragma unroll
+      for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
+        const std::uint64_t db = wg::desc(k_s + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
+        wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(s);
+
+      if (rab == nullptr && mask.tile_all(w0, w0 + 64, j0, j0 + kBN)) {
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) s[e] = F::f(V::kHstu ? alpha * s[e] : s[e]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) {
+          const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
+          const bool inside = i < nq && j < nkv && mask.valid(i, j);
+          float x = V::kHstu ? alpha * s[e] : s[e];
+          if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+          s[e] = inside ? F::f(x) : 0.0f;
+        }
+      }
+      std::uint32_t pa[kPSteps][4];
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = gpu::Mma16<T>::pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+      wg::fence();
+      wg::fence_regs(o);
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+                wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(o);
+    }
+
+    stage_wait<0>();
+    wg::fence_smem_for_async();
+    __syncthreads();
+    stage ^= 1;
+    jb = jn;
+  }
+
+  // Epilogue: scale rows and store pairs of columns; rows past the sequence end are not written.
+  T* const og = static_cast<T*>(args.out) + rows.o0 * o_stride + static_cast<std::int64_t>(h) * p.dv;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = r0 + 8 * half;
+    if (i < nq) {
+      const float scale = V::kHstu && p.scale_per_token != nullptr ? p.scale_per_token[rows.q0 + i] : p.scale_value;
+      T* const orow = og + static_cast<std::int64_t>(i) * o_stride;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int col = 8 * jj + 2 * t;
+        if (col < p.dv) {
+          const std::uint32_t packed =
+              gpu::Mma16<T>::pack2(o[4 * jj + 2 * half] * scale, o[4 * jj + 2 * half + 1] * scale);
+          *reinterpret_cast<std::uint32_t*>(orow + col) = packed;
+        }
+      }
+    }
+  }
+#else
+  (void)args;
+  (void)num_qblocks;
+#endif
+}
+
+// Whether the wgmma forward serves this problem on the current device (see the header comment).
+inline bool sm90_forward_available(const AttentionProblem& p) {
+#if defined(HIPDLRM_SM90A_KERNELS) && defined(HIPDLRM_PLATFORM_CUDA)
+  const int d = p.dqk > p.dv ? p.dqk : p.dv;
+  if (d <= 64 || d > 128) return false;
+  static const bool disabled = [] {
+    const char* env = std::getenv("HIPDLRM_DISABLE_WGMMA");
+    return env != nullptr && env[0] != '\0' && env[0] != '0';
+  }();
+  if (disabled) return false;
+  return gpu::device_compute_capability(gpu::current_device()) == 90;
+#else
+  (void)p;
+  return false;
+#endif
+}
+
+template <typename T, class V>
+gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  constexpr int kBN = Sm90FwdTiles<V>::kBlockN, kWG = Sm90FwdTiles<V>::kWarpgroups;
+  using Cfg = Sm90FwdConfig<kBN, kWG>;
+  const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const std::int64_t blocks = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
+  if (blocks == 0) return gpu::kSuccess;
+  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_kernel<T, V, kBN, kWG>, Cfg::kSmem);
+  if (st != gpu::kSuccess) return st;
+  attention_forward_sm90_kernel<T, V, kBN, kWG>
+      <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks);
+  return gpu::last_launch_status();
+}
+
+}  // namespace attention
+}  // namespace kernels
+}  // namespace hipdlrm
