@@ -53,6 +53,8 @@ struct Sm90FwdConfig {
   static constexpr int kSmem = kTileQ + 2 * 2 * kTileKV + 1024;  // + slack to align the tiles to 1024 bytes
 };
 
+#if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
+
 // Rows [row0, row0 + kRows) of a [*, row_stride] tensor (16-bit elements, `cols` valid columns, a multiple
 // of 8) into a swizzled [kRows][128] tile; rows >= row_end and columns >= cols are zero.
 template <int kRows, int kThreads, typename T>
@@ -260,6 +262,8 @@ gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gp
       <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks);
   return gpu::last_launch_status();
 }
+
+#endif  // HIPDLRM_PLATFORM_CUDA
 
 }  // namespace attention
 }  // namespace kernels
