@@ -34,23 +34,28 @@ namespace attention {
 // (the portable mma.sync kernel, same run: HSTU 122 / 189, GDPA 190 / 216). HSTU's causal blocks gain
 // from the smaller tile at the issue's N = 1024 (less work on the diagonal, two blocks per SM to overlap
 // one's prologue and activation with the other's matrix work); GDPA's full rows from the larger one.
+#if !defined(HIPDLRM_SM90_OVERLAP_HSTU)
+#define HIPDLRM_SM90_OVERLAP_HSTU 1
+#endif
 template <class V>
 struct Sm90FwdTiles {
   static constexpr int kBlockN = V::kHstu ? 64 : 128;
   static constexpr int kWarpgroups = V::kHstu ? 1 : 2;
+  static constexpr bool kOverlap = HIPDLRM_SM90_OVERLAP_HSTU && V::kHstu;  // three stages, S of the next block early
 };
 
-template <int kBN, int kWG>
+template <int kBN, int kWG, bool kOverlap>
 struct Sm90FwdConfig {
   static constexpr int kD = 128;
   static constexpr int kWarpgroups = kWG;
   static constexpr int kMinBlocks = kWG == 1 ? 2 : 1;
+  static constexpr int kStages = kOverlap ? 3 : 2;
   static constexpr int kBlockM = 64 * kWarpgroups;
   static constexpr int kBlockN = kBN;
   static constexpr int kThreads = 128 * kWarpgroups;
   static constexpr int kTileQ = kBlockM * kD * 2;   // bytes
   static constexpr int kTileKV = kBlockN * kD * 2;  // bytes of one k (or v) block
-  static constexpr int kSmem = kTileQ + 2 * 2 * kTileKV + 1024;  // + slack to align the tiles to 1024 bytes
+  static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024;  // + slack to align the tiles to 1024 bytes
 };
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
@@ -70,11 +75,12 @@ HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int6
   }
 }
 
-template <typename T, class V, int kBN, int kWG>
-__global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG>::kThreads, Sm90FwdConfig<kBN, kWG>::kMinBlocks)
+template <typename T, class V, int kBN, int kWG, bool kOverlap>
+__global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
+                                  Sm90FwdConfig<kBN, kWG, kOverlap>::kMinBlocks)
     attention_forward_sm90_kernel(AttentionForwardArgs args, int num_qblocks) {
 #if defined(HIPDLRM_WGMMA)
-  using Cfg = Sm90FwdConfig<kBN, kWG>;
+  using Cfg = Sm90FwdConfig<kBN, kWG, kOverlap>;
   using F = Act<V::kAct>;
   namespace wg = gpu::wgmma;
   constexpr int kBM = Cfg::kBlockM, kThreads = Cfg::kThreads;
@@ -134,77 +140,130 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG>::kThreads, Sm90FwdConf
                                   p.dv);
   };
 
-  stage_swizzled<kBM, kThreads>(q_s, qg, i0, nq, q_stride, p.dqk);
-  int jb = next_block(0);
-  if (jb < num_kblocks) stage_kv(jb, 0);
-  stage_commit();
-  stage_wait<0>();
-  wg::fence_smem_for_async();
-  __syncthreads();
-
   float o[64];
 #pragma unroll
   for (int e = 0; e < 64; ++e) o[e] = 0.0f;
   // q of this warpgroup: 64 rows starting at line 64 * group of each 64-column block.
   const unsigned char* const q_wg = q_s + 64 * group * 128;
-
-  int stage = 0;
-  while (jb < num_kblocks) {
-    const int jn = next_block(jb + 1);
-    if (jn < num_kblocks) stage_kv(jn, stage ^ 1);
-    stage_commit();
-
-    const unsigned char* const k_s = kv_s + stage * 2 * Cfg::kTileKV;
-    const unsigned char* const v_s = k_s + Cfg::kTileKV;
-    const int j0 = jb * kBN;
-    if (mask.tile_any(w0, w0 + 64, j0, j0 + kBN)) {
-      float s[kSRegs];
+  auto stage_ptr = [&](int stage) -> const unsigned char* { return kv_s + stage * 2 * Cfg::kTileKV; };
+  auto wg_active = [&](int jb) {
+    return jb < num_kblocks && mask.tile_any(w0, w0 + 64, jb * kBN, jb * kBN + kBN);
+  };
+  // S = q k^T of this warpgroup's rows against the k block at k_s, issued (not awaited).
+  auto issue_s = [&](float (&s)[kSRegs], const unsigned char* k_s) {
 #pragma unroll
-      for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
-      wg::fence();
+    for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
+    wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
-        const std::uint64_t db = wg::desc(k_s + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
-        wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
+    for (int kk = 0; kk < 8; ++kk) {
+      const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
+      const std::uint64_t db = wg::desc(k_s + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
+      wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
+    }
+    wg::commit();
+  };
+  // alpha, rab, the activation and the mask, in place.
+  auto activate = [&](float (&s)[kSRegs], int j0) {
+    if (rab == nullptr && mask.tile_all(w0, w0 + 64, j0, j0 + kBN)) {
+#pragma unroll
+      for (int e = 0; e < kSRegs; ++e) s[e] = F::f(V::kHstu ? alpha * s[e] : s[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kSRegs; ++e) {
+        const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
+        const bool inside = i < nq && j < nkv && mask.valid(i, j);
+        float x = V::kHstu ? alpha * s[e] : s[e];
+        if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+        s[e] = inside ? F::f(x) : 0.0f;
       }
-      wg::commit();
+    }
+  };
+  // O += P v with P = s packed into A operands and v at v_s, issued (not awaited).
+  auto issue_pv = [&](const float (&s)[kSRegs], const unsigned char* v_s) {
+    std::uint32_t pa[kPSteps][4];
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = gpu::Mma16<T>::pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    wg::fence();
+    wg::fence_regs(o);
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk)
+      wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
+    wg::commit();
+  };
+
+  stage_swizzled<kBM, kThreads>(q_s, qg, i0, nq, q_stride, p.dqk);
+  int jb = next_block(0);
+  if (jb < num_kblocks) stage_kv(jb, 0);
+  int jn = jb < num_kblocks ? next_block(jb + 1) : num_kblocks;
+  if (kOverlap && jn < num_kblocks) stage_kv(jn, 1);
+  stage_commit();
+  stage_wait<0>();
+  wg::fence_smem_for_async();
+  __syncthreads();
+
+  if constexpr (!kOverlap) {
+    // Two stages: block jb is computed while block jn lands.
+    int stage = 0;
+    while (jb < num_kblocks) {
+      jn = next_block(jb + 1);
+      if (jn < num_kblocks) stage_kv(jn, stage ^ 1);
+      stage_commit();
+      if (wg_active(jb)) {
+        float s[kSRegs];
+        issue_s(s, stage_ptr(stage));
+        wg::wait<0>();
+        wg::fence_regs(s);
+        activate(s, jb * kBN);
+        issue_pv(s, stage_ptr(stage) + Cfg::kTileKV);
+        wg::wait<0>();
+        wg::fence_regs(o);
+      }
+      stage_wait<0>();
+      wg::fence_smem_for_async();
+      __syncthreads();
+      stage ^= 1;
+      jb = jn;
+    }
+  } else {
+    // Three stages: while block jb's S goes through the activation, the tensor cores already compute the
+    // next block's S (its k landed one iteration earlier), and the block after that lands.
+    int cur = 0;
+    float s[kSRegs];
+    bool have_s = wg_active(jb);
+    if (have_s) {
+      issue_s(s, stage_ptr(0));
       wg::wait<0>();
       wg::fence_regs(s);
-
-      if (rab == nullptr && mask.tile_all(w0, w0 + 64, j0, j0 + kBN)) {
-#pragma unroll
-        for (int e = 0; e < kSRegs; ++e) s[e] = F::f(V::kHstu ? alpha * s[e] : s[e]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kSRegs; ++e) {
-          const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
-          const bool inside = i < nq && j < nkv && mask.valid(i, j);
-          float x = V::kHstu ? alpha * s[e] : s[e];
-          if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
-          s[e] = inside ? F::f(x) : 0.0f;
-        }
+    }
+    while (jb < num_kblocks) {
+      const int jnn = jn < num_kblocks ? next_block(jn + 1) : num_kblocks;
+      if (jnn < num_kblocks) stage_kv(jnn, cur == 0 ? 2 : cur - 1);
+      stage_commit();
+      const int nxt = cur == 2 ? 0 : cur + 1;
+      float sn[kSRegs];
+      const bool have_sn = wg_active(jn);
+      if (have_sn) issue_s(sn, stage_ptr(nxt));
+      if (have_s) {
+        activate(s, jb * kBN);
+        issue_pv(s, stage_ptr(cur) + Cfg::kTileKV);
       }
-      std::uint32_t pa[kPSteps][4];
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = gpu::Mma16<T>::pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
-      wg::fence();
-      wg::fence_regs(o);
-#pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk)
-                wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
-      wg::commit();
       wg::wait<0>();
       wg::fence_regs(o);
+      if (have_sn) {
+        wg::fence_regs(sn);
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) s[e] = sn[e];
+      }
+      have_s = have_sn;
+      stage_wait<0>();
+      wg::fence_smem_for_async();
+      __syncthreads();
+      cur = nxt;
+      jb = jn;
+      jn = jnn;
     }
-
-    stage_wait<0>();
-    wg::fence_smem_for_async();
-    __syncthreads();
-    stage ^= 1;
-    jb = jn;
   }
 
   // Epilogue: scale rows and store pairs of columns; rows past the sequence end are not written.
@@ -252,13 +311,14 @@ inline bool sm90_forward_available(const AttentionProblem& p) {
 template <typename T, class V>
 gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
   constexpr int kBN = Sm90FwdTiles<V>::kBlockN, kWG = Sm90FwdTiles<V>::kWarpgroups;
-  using Cfg = Sm90FwdConfig<kBN, kWG>;
+  constexpr bool kOverlap = Sm90FwdTiles<V>::kOverlap;
+  using Cfg = Sm90FwdConfig<kBN, kWG, kOverlap>;
   const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const std::int64_t blocks = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
   if (blocks == 0) return gpu::kSuccess;
-  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_kernel<T, V, kBN, kWG>, Cfg::kSmem);
+  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_kernel<T, V, kBN, kWG, kOverlap>, Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
-  attention_forward_sm90_kernel<T, V, kBN, kWG>
+  attention_forward_sm90_kernel<T, V, kBN, kWG, kOverlap>
       <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks);
   return gpu::last_launch_status();
 }
