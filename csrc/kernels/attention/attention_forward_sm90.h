@@ -34,8 +34,13 @@ namespace attention {
 // (the portable mma.sync kernel, same run: HSTU 122 / 189, GDPA 190 / 216). HSTU's causal blocks gain
 // from the smaller tile at the N = 1024 (less work on the diagonal, two blocks per SM to overlap
 // one's prologue and activation with the other's matrix work); GDPA's full rows from the larger one.
+// The overlapped loop (three stages; the next block's q k^T issued before this block's activation) is
+// correct (tests/gpu/hstu_forward_check.cu ALL PASS, pytest test_attention.py 275 passed with it on) but
+// measured slower for HSTU in the same run (kernel only, N = 1024 / 2048 / 4096: 148.8 / 179.6 / 201.0
+// against 164.0 / 198.3 / 222.9 TFLOP/s without it: 230 registers and 113 KB of shared memory per block
+// against 177 and 81 KB). Off by default; -DHIPDLRM_SM90_OVERLAP_HSTU=1 builds it.
 #if !defined(HIPDLRM_SM90_OVERLAP_HSTU)
-#define HIPDLRM_SM90_OVERLAP_HSTU 1
+#define HIPDLRM_SM90_OVERLAP_HSTU 0
 #endif
 template <class V>
 struct Sm90FwdTiles {
