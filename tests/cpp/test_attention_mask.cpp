@@ -83,6 +83,29 @@ TEST(AttentionMask, HstuTilesAgreeWithElements) {
   EXPECT_GT(checked, 100000);
 }
 
+// plain_causal() is the kernels' cue to test j <= i instead of valid(i, j): it must hold exactly for the
+// masks it claims, and be claimed for the plain causal mask.
+TEST(AttentionMask, PlainCausalMeansLowerTriangle) {
+  std::mt19937 rng(5);
+  int claimed = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 40);
+    const int c = trial % 3 == 0 ? static_cast<int>(rng() % 4) : 0;
+    const bool has_targets = trial % 5 == 0;
+    const int num_targets = has_targets ? static_cast<int>(rng() % (n + 1)) : 0;
+    const int max_attn_len = trial % 7 == 0 ? 1 + static_cast<int>(rng() % 8) : 0;
+    const bool causal = trial % 4 != 1;
+    const HstuMask m = HstuMask::make(n, c, num_targets, has_targets, max_attn_len, causal);
+    EXPECT_EQ(m.plain_causal(), causal && c == 0 && !has_targets && max_attn_len == 0) << "trial " << trial;
+    if (!m.plain_causal()) continue;
+    ++claimed;
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < n; ++j) EXPECT_EQ(m.valid(i, j), j <= i) << "trial " << trial << " i " << i << " j " << j;
+  }
+  EXPECT_GT(claimed, 20);
+  EXPECT_FALSE(WindowMask::make(10, 10, 3).plain_causal());
+}
+
 TEST(AttentionMask, WindowMatchesDefinitionAndTilesAreExact) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 60; ++trial) {

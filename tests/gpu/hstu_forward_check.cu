@@ -199,6 +199,9 @@ int main(int argc, char** argv) {
       {"all masks non-causal", lens, 2, 64, 64, 320, false, true, false, false, 20, 3, {0, 0, 5, 10, 40, 4, 3}},
       {"rab + per-token scale", lens, 2, 64, 64, 320, true, true, true, true, 0, 0, {}},
       {"long", {2048, 1500, 777}, 2, 128, 128, 2048, true, true, false, false, 0, 0, {}},
+      {"targets d128", lens, 2, 128, 128, 320, true, true, false, false, 0, 0, {0, 1, 5, 10, 40, 64, 3}},
+      {"all masks d128", lens, 2, 128, 128, 320, true, false, false, true, 37, 3, {0, 0, 5, 10, 40, 4, 3}},
+      {"rab d128", lens, 2, 128, 128, 320, true, true, true, false, 0, 0, {}},
   };
   bool all = true;
   for (const Case& c : cases) all = run(c, rng) && all;

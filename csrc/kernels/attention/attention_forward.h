@@ -166,6 +166,18 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
           for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < M::kAcc; ++e) s[mt][nt].v[e] = F::f(V::kHstu ? alpha * s[mt][nt].v[e] : s[mt][nt].v[e]);
+      } else if (rab == nullptr && mask.plain_causal()) {
+        // j <= i; columns past the sequence end hold zero k rows (act(0) = 0), rows past it are not stored.
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < kNT; ++nt)
+#pragma unroll
+            for (int e = 0; e < M::kAcc; ++e) {
+              const int i = w0 + 16 * mt + M::p_row(lane, e), j = j0 + 16 * nt + M::p_col(lane, e);
+              const float x = V::kHstu ? alpha * s[mt][nt].v[e] : s[mt][nt].v[e];
+              s[mt][nt].v[e] = j <= i ? F::f(x) : 0.0f;
+            }
       } else {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)

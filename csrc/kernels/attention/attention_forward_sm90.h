@@ -172,6 +172,13 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
     if (rab == nullptr && mask.tile_all(w0, w0 + 64, j0, j0 + kBN)) {
 #pragma unroll
       for (int e = 0; e < kSRegs; ++e) s[e] = F::f(V::kHstu ? alpha * s[e] : s[e]);
+    } else if (rab == nullptr && mask.plain_causal()) {
+      // j <= i; columns past the sequence end hold zero k rows (act(0) = 0), rows past it are not stored.
+#pragma unroll
+      for (int e = 0; e < kSRegs; ++e) {
+        const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
+        s[e] = j <= i ? F::f(V::kHstu ? alpha * s[e] : s[e]) : 0.0f;
+      }
     } else {
 #pragma unroll
       for (int e = 0; e < kSRegs; ++e) {

@@ -55,6 +55,10 @@ struct HstuMask {
   // Causal without a contextual prefix: no query before key j0 sees it.
   HIPDLRM_HOST_DEVICE int first_query(int j0) const { return causal && c == 0 ? j0 : 0; }
 
+  // Plain causal (no prefix, targets or distance limit): valid(i, j) is j <= i, which the kernels test per
+  // element on diagonal tiles instead of evaluating valid().
+  HIPDLRM_HOST_DEVICE bool plain_causal() const { return causal && c == 0 && !targets && max_attn_len == 0; }
+
   HIPDLRM_HOST_DEVICE int id(int p) const {
     int v = c > 0 ? (p - c + 1 > 0 ? p - c + 1 : 0) : p;
     return targets && v > max_id ? max_id : v;
@@ -134,6 +138,7 @@ struct WindowMask {
     return a <= w && c <= w;
   }
   HIPDLRM_HOST_DEVICE int first_query(int j0) const { return w < 0 || j0 <= w ? 0 : j0 - w; }
+  HIPDLRM_HOST_DEVICE bool plain_causal() const { return false; }
 };
 
 }  // namespace attention
