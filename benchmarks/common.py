@@ -170,7 +170,18 @@ def environment(device: torch.device | None = None) -> dict[str, Any]:
         "python_version": platform.python_version(),
         "timestamp_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "command": shlex.join([sys.executable, *sys.argv]),
+        "hipdlrm_build": _hipdlrm_build(),
+        "hipdlrm_env": {k: v for k, v in os.environ.items() if k.startswith("HIPDLRM_")},
     }
+
+
+def _hipdlrm_build() -> dict[str, Any] | None:
+    """hipdlrm.build_info() (which kernels the library holds), or None where hipdlrm is not importable."""
+    try:
+        import hipdlrm
+    except ImportError:
+        return None
+    return hipdlrm.build_info()
 
 
 def write_results(

@@ -17,10 +17,30 @@ TORCH_LIBRARY(hipdlrm, m) {
 
 #if defined(HIPDLRM_PYTHON_MODULE)
 #include <Python.h>
-// `import hipdlrm._C` loads this library (and so runs the registrations above); the module itself is
-// empty: everything is reached through torch.ops.hipdlrm.
+// `import hipdlrm._C` loads this library (and so runs the registrations above). Everything is reached
+// through torch.ops.hipdlrm; the module holds only what the build was (hipdlrm.build_info() reads it):
+// gpu_backend ("cpu", "cuda" or "rocm") and sm90a_kernels (1 when the Hopper wgmma kernels were built).
 extern "C" PyObject* PyInit__C(void) {
   static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module);
+  PyObject* m = PyModule_Create(&module);
+  if (m == nullptr) return nullptr;
+#if !defined(HIPDLRM_WITH_GPU)
+  const char* backend = "cpu";
+#elif defined(USE_ROCM)
+  const char* backend = "rocm";
+#else
+  const char* backend = "cuda";
+#endif
+#if defined(HIPDLRM_SM90A_KERNELS)
+  const long sm90a = 1;
+#else
+  const long sm90a = 0;
+#endif
+  if (PyModule_AddStringConstant(m, "gpu_backend", backend) != 0 ||
+      PyModule_AddIntConstant(m, "sm90a_kernels", sm90a) != 0) {
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
 }
 #endif

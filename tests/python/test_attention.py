@@ -601,6 +601,36 @@ def test_gpu_masks_head_dim_128(case, dtype):
     check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=128, dv=128))
 
 
+def test_build_info_describes_the_build():
+    info = hipdlrm.build_info()
+    assert set(info) == {"gpu_backend", "sm90a_kernels"}
+    expected = "rocm" if torch.version.hip else ("cuda" if torch.version.cuda else "cpu")
+    assert info["gpu_backend"] in ("cpu", expected)  # "cpu" also for HIPDLRM_FORCE_CPU builds
+    assert not info["sm90a_kernels"] or info["gpu_backend"] == "cuda"
+
+
+@requires_gpu
+def test_gpu_forward_kernel_choice():
+    """On a compute-capability 9.0 GPU with the sm_90a kernels built (and HIPDLRM_DISABLE_WGMMA unset), head
+    dim 128 runs the wgmma forward; elsewhere (and at head dim 64) the portable one."""
+    import os
+    from torch.profiler import ProfilerActivity, profile
+
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    wgmma = (hopper and hipdlrm.build_info()["sm90a_kernels"]
+             and os.environ.get("HIPDLRM_DISABLE_WGMMA", "0") in ("", "0"))
+    for d, expect_wgmma in ((128, wgmma), (64, False)):
+        q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        offsets = torch.tensor([0, 17, 40], device="cuda")
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            hipdlrm.hstu_mha(23, 1.0 / d, q, k, v, offsets)
+            torch.cuda.synchronize()
+        names = [e.key for e in prof.key_averages()]
+        used = any("attention_forward_sm90_kernel" in n for n in names)
+        assert used == expect_wgmma, (d, names)
+        assert used or any("attention_forward_kernel" in n for n in names), (d, names)
+
+
 @requires_gpu
 def test_gpu_portable_forward_with_wgmma_disabled():
     """The portable forward at head dims in (64, 128], which the wgmma kernel replaces on Hopper."""
