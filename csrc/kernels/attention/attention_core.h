@@ -297,6 +297,55 @@ HIPDLRM_DEVICE void stage_tile(T* smem, const T* base, std::int64_t row0, std::i
   }
 }
 
+// ---- one forward block's place -------------------------------------------------------------------------
+// The (sample b, query head h, query block qb) that forward program `block` computes -- the longest query
+// blocks (most keys under a causal mask) first -- with its sample's rows and mask, its kv head, the row
+// strides and the first q / k / v rows of that head, rab's [N, N] slice (HSTU) and alpha. Shared by the
+// portable forward and the Hopper one (attention_forward.h, attention_forward_sm90.h).
+template <typename T, class V>
+struct ForwardBlock {
+  int qb, h, b, hk, i0;
+  SampleRows rows;
+  typename V::Mask mask;
+  std::int64_t q_stride, o_stride, k_stride, v_stride;
+  const T* qg;
+  const T* kg;
+  const T* vg;
+  const T* rab;  // null: none
+  float alpha;
+
+  // False when the block starts past its sample's last query row (nothing to do).
+  HIPDLRM_DEVICE bool init(const AttentionForwardArgs& args, std::int64_t block, int num_qblocks, int block_rows) {
+    const AttentionProblem& p = args.p;
+    const std::int64_t total = static_cast<std::int64_t>(num_qblocks) * p.heads * p.batch;
+    const std::int64_t id = xcd_remap(block, total);
+    qb = num_qblocks - 1 - static_cast<int>(id % num_qblocks);
+    h = static_cast<int>((id / num_qblocks) % p.heads);
+    b = static_cast<int>(id / (static_cast<std::int64_t>(num_qblocks) * p.heads));
+    rows = sample_rows(p, b);
+    i0 = qb * block_rows;
+    if (i0 >= rows.nq) return false;
+    mask_for_sample(mask, p, b, rows);
+    const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
+    hk = h / (p.heads / kv_heads);
+    q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
+    o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
+    k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
+    v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
+    qg = static_cast<const T*>(args.q) + rows.q0 * q_stride + static_cast<std::int64_t>(h) * p.dqk;
+    kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
+    vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
+    rab = nullptr;
+    if (V::kHstu && p.rab != nullptr) {
+      const std::int64_t rb = p.rab_batch == 1 ? 0 : b, rh = p.rab_heads == 1 ? 0 : h;
+      rab = static_cast<const T*>(p.rab) +
+            (rb * p.rab_heads + rh) * p.max_seq_len * static_cast<std::int64_t>(p.max_seq_len);
+    }
+    alpha = V::kHstu ? p.alpha : 1.0f;
+    return true;
+  }
+};
+
 }  // namespace attention
 }  // namespace kernels
 }  // namespace hipdlrm

@@ -100,34 +100,18 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
   unsigned char* const kv_s = smem + Cfg::kTileQ;
 
   const AttentionProblem& p = args.p;
-  const std::int64_t total = static_cast<std::int64_t>(num_qblocks) * p.heads * p.batch;
-  const std::int64_t id = xcd_remap(blockIdx.x, total);
-  const int qb = num_qblocks - 1 - static_cast<int>(id % num_qblocks);  // longest rows first
-  const int h = static_cast<int>((id / num_qblocks) % p.heads);
-  const int b = static_cast<int>(id / (static_cast<std::int64_t>(num_qblocks) * p.heads));
-  const SampleRows rows = sample_rows(p, b);
-  const int nq = rows.nq, nkv = rows.nkv;
-  const int i0 = qb * kBM;
-  if (i0 >= nq) return;
-  typename V::Mask mask;
-  mask_for_sample(mask, p, b, rows);
-  const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
-  const int hk = h / (p.heads / kv_heads);
-
-  const std::int64_t q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
-  const std::int64_t o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
-  const std::int64_t k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
-  const std::int64_t v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
-  const T* const qg = static_cast<const T*>(args.q) + rows.q0 * q_stride + static_cast<std::int64_t>(h) * p.dqk;
-  const T* const kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
-  const T* const vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
-  const T* rab = nullptr;
-  if (V::kHstu && p.rab != nullptr) {
-    const std::int64_t rb = p.rab_batch == 1 ? 0 : b, rh = p.rab_heads == 1 ? 0 : h;
-    rab = static_cast<const T*>(p.rab) +
-          (rb * p.rab_heads + rh) * p.max_seq_len * static_cast<std::int64_t>(p.max_seq_len);
-  }
-  const float alpha = V::kHstu ? p.alpha : 1.0f;
+  ForwardBlock<T, V> fb;
+  if (!fb.init(args, blockIdx.x, num_qblocks, kBM)) return;
+  const int h = fb.h, b = fb.b;
+  const SampleRows rows = fb.rows;
+  const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0;
+  const typename V::Mask mask = fb.mask;
+  const std::int64_t o_stride = fb.o_stride, k_stride = fb.k_stride, v_stride = fb.v_stride, q_stride = fb.q_stride;
+  const T* const qg = fb.qg;
+  const T* const kg = fb.kg;
+  const T* const vg = fb.vg;
+  const T* const rab = fb.rab;
+  const float alpha = fb.alpha;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
