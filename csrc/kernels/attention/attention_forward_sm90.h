@@ -1,8 +1,9 @@
 // Hopper (sm_90a) forward of the pointwise-activation attention core at head dim 128 (HSTU and GDPA: the
 // same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma).
 //
-// One block of one or two warpgroups per (sample, query head, 64 or 128 query rows); warpgroup w owns 64 rows. q is
-// staged once; k and v blocks of kBN keys stream through two shared-memory stages with cp.async. Per key
+// One block of one or two warpgroups per (sample, query head, 64 or 128 query rows); warpgroup w owns 64
+// rows. q is staged once; k and v blocks of kBN keys stream through two shared-memory stages (three with the
+// overlap option below) with cp.async. Per key
 // block each warpgroup computes S[64 x kBN] = q k^T with both operands read by wgmma from shared memory
 // (8 k16 steps over the head dim), applies alpha, rab, the activation and the mask to S in registers, packs
 // it into the register A operand of O[64 x 128] += P v (v read from shared memory in its natural [key][d]
