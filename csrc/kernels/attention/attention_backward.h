@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
     attention_backward_kernel(AttentionBackwardArgs args, int num_kblocks) {
   using Cfg = BwdConfig<kD>;
   using M = gpu::Mma16<T>;
-  using F = Act<V::kAct>;
+  using F = Act<V::kAct, kTanhActivation<T>>;
   constexpr int kThreads = Cfg::kWaves * gpu::kWaveSize;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kLd = Cfg::kLd, kLdS = Cfg::kLdS;
   constexpr bool kKReg = Cfg::kKInRegisters, kVReg = Cfg::kVInRegisters;

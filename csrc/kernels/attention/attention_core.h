@@ -158,14 +158,35 @@ HIPDLRM_DEVICE float silu_fast(float x) { return x * sigmoid_fast(x); }
 // d SiLU / dx = sigmoid(x) * (1 + x * (1 - sigmoid(x)))
 HIPDLRM_DEVICE float silu_grad_fast(float x, float sig) { return sig * (1.0f + x * (1.0f - sig)); }
 
+// With 16-bit operands (P is rounded to bf16/fp16 before P v) the logistic can come from one tanh instead of
+// an exp and a reciprocal: sigmoid(x) = (1 + tanh(x / 2)) / 2. On the H200 the multi-function unit (16
+// results per clock per SM) is as scarce as the tensor cores in these kernels: at D = 128 one score costs 512
+// tensor-core flops (8 scores per clock per SM at peak) and SiLU / tanh-GeLU cost 2 MUFU ops each (8 per
+// clock). tanh.approx.f32 has a relative error of about 2^-11, below P's own rounding (2^-9 bf16, 2^-12 fp16
+// relative to the largest P); fp32 operands keep exp + rcp (a few ulp). NVIDIA only: CDNA has no tanh.
+#if defined(HIPDLRM_HAS_FAST_TANH)
+template <typename T>
+constexpr bool kTanhActivation = sizeof(T) == 2;
+#else
+template <typename T>
+constexpr bool kTanhActivation = false;
+#endif
+template <bool kTanh>
+HIPDLRM_DEVICE float sigmoid_act(float x) {
+#if defined(HIPDLRM_HAS_FAST_TANH)
+  if constexpr (kTanh) return fmaf(0.5f, gpu::fast_tanh(0.5f * x), 0.5f);
+#endif
+  return sigmoid_fast(x);
+}
+
 // act(x) and, for the backward, act'(x), per Activation (hstu.h). act(0) = 0 for each. The exponentials
 // and reciprocals are the hardware's approximate ones (fast_exp, fast_rcp); docs/attention.md gives each
-// activation's error against its fp64 definition.
-template <Activation A>
+// activation's error against its fp64 definition. kTanh: the tanh form above (SiLU and tanh-GeLU).
+template <Activation A, bool kTanh = false>
 struct Act;
 
-template <>
-struct Act<Activation::kRaw> {
+template <bool kTanh>
+struct Act<Activation::kRaw, kTanh> {
   HIPDLRM_DEVICE static float f(float x) { return x; }
   HIPDLRM_DEVICE static float fg(float x, float& g) {
     g = 1.0f;
@@ -173,8 +194,8 @@ struct Act<Activation::kRaw> {
   }
 };
 
-template <>
-struct Act<Activation::kRelu> {
+template <bool kTanh>
+struct Act<Activation::kRelu, kTanh> {
   HIPDLRM_DEVICE static float f(float x) { return x > 0.0f ? x : 0.0f; }
   HIPDLRM_DEVICE static float fg(float x, float& g) {
     g = x > 0.0f ? 1.0f : 0.0f;
@@ -182,11 +203,20 @@ struct Act<Activation::kRelu> {
   }
 };
 
-template <>
-struct Act<Activation::kSilu> {
-  HIPDLRM_DEVICE static float f(float x) { return silu_fast(x); }
+// SiLU; the tanh form as h + h tanh(h), h = x / 2 (one multiply, one MUFU op, one fma).
+template <bool kTanh>
+struct Act<Activation::kSilu, kTanh> {
+  HIPDLRM_DEVICE static float f(float x) {
+#if defined(HIPDLRM_HAS_FAST_TANH)
+    if constexpr (kTanh) {
+      const float h = 0.5f * x;
+      return fmaf(h, gpu::fast_tanh(h), h);
+    }
+#endif
+    return silu_fast(x);
+  }
   HIPDLRM_DEVICE static float fg(float x, float& g) {
-    const float sig = sigmoid_fast(x);
+    const float sig = sigmoid_act<kTanh>(x);
     g = silu_grad_fast(x, sig);
     return x * sig;
   }
@@ -198,8 +228,8 @@ struct Act<Activation::kSilu> {
 // Phi = 1 - q for x >= 0 and q below; e^(-u^2) = e^(-x^2 / 2) also gives phi. About 16 instructions against
 // erff's 29. Measured on the H200 (bf16, D=128, B=1152, H=4, full length 1024 / 2048; tests/gpu/gdpa_check.cu
 // --bench): forward 160 / 167 -> 190 / 200 TFLOP/s, backward 144 -> 155 at 1024. Error: docs/attention.md.
-template <>
-struct Act<Activation::kGelu> {
+template <bool kTanh>
+struct Act<Activation::kGelu, kTanh> {
   HIPDLRM_DEVICE static float cdf(float x, float& gauss) {
     const float u = fabsf(x) * 0.70710678118654752f;
     const float t = gpu::fast_rcp(1.0f + 0.3275911f * u);
@@ -209,7 +239,23 @@ struct Act<Activation::kGelu> {
     const float q = 0.5f * poly * gauss;
     return x >= 0.0f ? 1.0f - q : q;
   }
+  // kTanh (forward only): erf(u) = tanh(u p(u^2)), p of degree 4 fitted (weighted least squares towards
+  // minimax) on u in [0, 4] with u clamped there (erf(4) = 1 - 1.5e-8); |erf error| <= 1.6e-5 with these
+  // fp32 coefficients, far below tanh.approx's own ~2^-12 in Phi. One MUFU op instead of two. The backward
+  // keeps cdf() above: it needs e^(-x^2 / 2) for phi anyway.
   HIPDLRM_DEVICE static float f(float x) {
+#if defined(HIPDLRM_HAS_FAST_TANH)
+    if constexpr (kTanh) {
+      const float u = fminf(fmaxf(x * 0.70710678118654752f, -4.0f), 4.0f);
+      const float u2 = u * u;
+      const float poly =
+          1.128377914428711f +
+          u2 * (0.1027955487370491f + u2 * (-0.0002747219696175307f + u2 * (-0.0005326619138941169f +
+                                                                              u2 * 5.074514774605632e-05f)));
+      const float h = 0.5f * x;
+      return fmaf(h, gpu::fast_tanh(u * poly), h);
+    }
+#endif
     float gauss;
     return x * cdf(x, gauss);
   }
@@ -223,18 +269,25 @@ struct Act<Activation::kGelu> {
 
 // GeLU, tanh form: 0.5 x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3), computed exactly as x sigmoid(2z)
 // (the same function) from one exp and one reciprocal. With s = sigmoid(2z):
-// derivative s + 2 x s (1 - s) z', z' = sqrt(2/pi) (1 + 3 * 0.044715 x^2).
-template <>
-struct Act<Activation::kFastGelu> {
+// derivative s + 2 x s (1 - s) z', z' = sqrt(2/pi) (1 + 3 * 0.044715 x^2). kTanh: the definition itself,
+// h + h tanh(z) with h = x / 2, one MUFU op.
+template <bool kTanh>
+struct Act<Activation::kFastGelu, kTanh> {
   static constexpr float kC1 = 1.5957691216057308f;           // 2 sqrt(2/pi)
   static constexpr float kC3 = 1.5957691216057308f * 0.044715f;  // 2 sqrt(2/pi) * 0.044715
   HIPDLRM_DEVICE static float f(float x) {
     const float two_z = x * (kC1 + kC3 * x * x);
+#if defined(HIPDLRM_HAS_FAST_TANH)
+    if constexpr (kTanh) {
+      const float h = 0.5f * x;
+      return fmaf(h, gpu::fast_tanh(0.5f * two_z), h);
+    }
+#endif
     return x * sigmoid_fast(two_z);
   }
   HIPDLRM_DEVICE static float fg(float x, float& g) {
     const float x2 = x * x;
-    const float s = sigmoid_fast(x * (kC1 + kC3 * x2));
+    const float s = sigmoid_act<kTanh>(x * (kC1 + kC3 * x2));
     g = s + x * s * (1.0f - s) * (kC1 + 3.0f * kC3 * x2);
     return x * s;
   }

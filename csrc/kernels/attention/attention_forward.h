@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
     attention_forward_kernel(AttentionForwardArgs args, int num_qblocks) {
   using Cfg = FwdConfig<kD>;
   using M = gpu::Mma16<T>;
-  using F = Act<V::kAct>;
+  using F = Act<V::kAct, kTanhActivation<T>>;
   constexpr int kThreads = Cfg::kWaves * gpu::kWaveSize;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kLd = Cfg::kLd;
   constexpr int kDT = kD / 16;  // 16-wide tiles across the head dim

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
     attention_forward_sm90_kernel(AttentionForwardArgs args, int num_qblocks) {
 #if defined(HIPDLRM_WGMMA)
   using Cfg = Sm90FwdConfig<kBN, kWG, kOverlap>;
-  using F = Act<V::kAct>;
+  using F = Act<V::kAct, kTanhActivation<T>>;
   namespace wg = gpu::wgmma;
   constexpr int kBM = Cfg::kBlockM, kThreads = Cfg::kThreads;
   constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
