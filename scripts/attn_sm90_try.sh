@@ -22,4 +22,5 @@ done
 d=/tmp/sm90try_$(echo "x$1" | tr -c 'a-zA-Z0-9\n' '_')
 echo "=== anchor: portable kernels (HIPDLRM_DISABLE_WGMMA=1), same binaries"
 HIPDLRM_DISABLE_WGMMA=1 timeout 120 $d/hstu --bench 2>&1 | grep -E "bench fwd bf16 causal B=512 H=4 d=128"
-HIPDLRM_DISABLE_WGMMA=1 timeout 120 $d/gdpa --bench 2>&1 | grep -E "bench" | head -5
+HIPDLRM_DISABLE_WGMMA=1 timeout 120 $d/hstubwd --bench 2>&1 | grep -E "bench bwd bf16 causal B=512 H=4 d=128"
+HIPDLRM_DISABLE_WGMMA=1 timeout 120 $d/gdpa --bench 2>&1 | grep -E "bench" | head -7

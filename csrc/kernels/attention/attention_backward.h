@@ -26,6 +26,7 @@
 
 #include <type_traits>
 
+#include "attention_backward_sm90.h"
 #include "attention_forward.h"
 #include "hipdlrm/gpu/atomics.h"
 #include "hipdlrm/gpu/launch.h"
@@ -337,6 +338,22 @@ __global__ void __launch_bounds__(kConvertBlock)
   }
 }
 
+// grad_q_accum -> grad_q (after either backward kernel).
+template <typename T>
+gpu::status_t launch_convert_grad_q(const AttentionBackwardArgs& args, gpu::stream_t stream) {
+  const AttentionProblem& p = args.p;
+  const std::int64_t quads = p.total_tokens * p.heads * p.dqk / 4;
+  if (quads == 0) return gpu::kSuccess;
+  const bool vector = reinterpret_cast<std::uintptr_t>(args.grad_q_accum) % 16 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(args.grad_q) % (4 * sizeof(T)) == 0;
+  const int multiprocessors = gpu::device_multiprocessors(gpu::current_device());
+  const std::int64_t resident = static_cast<std::int64_t>(multiprocessors) * kConvertBlocksPerMultiprocessor;
+  const std::int64_t grid = gpu::capped_grid(quads, kConvertBlock, kConvertBlock, resident);
+  convert_grad_q_kernel<T><<<static_cast<unsigned>(grid), kConvertBlock, 0, stream>>>(
+      args.grad_q_accum, static_cast<T*>(args.grad_q), quads, vector);
+  return gpu::last_launch_status();
+}
+
 template <typename T, int kD, class V>
 gpu::status_t launch_attention_backward(const AttentionBackwardArgs& args, gpu::stream_t stream) {
   using Cfg = BwdConfig<kD>;
@@ -354,22 +371,21 @@ gpu::status_t launch_attention_backward(const AttentionBackwardArgs& args, gpu::
     const gpu::status_t launched = gpu::last_launch_status();
     if (launched != gpu::kSuccess) return launched;
   }
-
-  const std::int64_t quads = p.total_tokens * p.heads * p.dqk / 4;
-  if (quads == 0) return gpu::kSuccess;
-  const bool vector = reinterpret_cast<std::uintptr_t>(args.grad_q_accum) % 16 == 0 &&
-                      reinterpret_cast<std::uintptr_t>(args.grad_q) % (4 * sizeof(T)) == 0;
-  const int multiprocessors = gpu::device_multiprocessors(gpu::current_device());
-  const std::int64_t resident = static_cast<std::int64_t>(multiprocessors) * kConvertBlocksPerMultiprocessor;
-  const std::int64_t grid = gpu::capped_grid(quads, kConvertBlock, kConvertBlock, resident);
-  convert_grad_q_kernel<T><<<static_cast<unsigned>(grid), kConvertBlock, 0, stream>>>(
-      args.grad_q_accum, static_cast<T*>(args.grad_q), quads, vector);
-  return gpu::last_launch_status();
+  return launch_convert_grad_q<T>(args, stream);
 }
 
 template <class V>
 gpu::status_t dispatch_attention_backward(const AttentionBackwardArgs& args, gpu::stream_t stream) {
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
+#if defined(HIPDLRM_PLATFORM_CUDA)
+  if (sm90_kernels_available(args.p)) {
+    const bool bf16 = args.p.dtype == ElemType::kBFloat16;
+    const gpu::status_t st = bf16 ? launch_attention_backward_sm90<gpu::bfloat16_t, V>(args, stream)
+                                  : launch_attention_backward_sm90<gpu::half_t, V>(args, stream);
+    if (st != gpu::kSuccess) return st;
+    return bf16 ? launch_convert_grad_q<gpu::bfloat16_t>(args, stream) : launch_convert_grad_q<gpu::half_t>(args, stream);
+  }
+#endif
   if (args.p.dtype == ElemType::kBFloat16) {
     using T = gpu::bfloat16_t;
     if (d <= 32) return launch_attention_backward<T, 32, V>(args, stream);

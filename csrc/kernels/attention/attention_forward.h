@@ -244,7 +244,7 @@ template <class V>
 gpu::status_t dispatch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
 #if defined(HIPDLRM_PLATFORM_CUDA)
-  if (sm90_forward_available(args.p)) {
+  if (sm90_kernels_available(args.p)) {
     return args.p.dtype == ElemType::kBFloat16 ? launch_attention_forward_sm90<gpu::bfloat16_t, V>(args, stream)
                                                : launch_attention_forward_sm90<gpu::half_t, V>(args, stream);
   }

@@ -288,8 +288,9 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
 #endif
 }
 
-// Whether the wgmma forward serves this problem on the current device (see the header comment).
-inline bool sm90_forward_available(const AttentionProblem& p) {
+// Whether the wgmma kernels (this forward, attention_backward_sm90.h) serve this problem on the current
+// device (see the header comment).
+inline bool sm90_kernels_available(const AttentionProblem& p) {
 #if defined(HIPDLRM_SM90A_KERNELS) && defined(HIPDLRM_PLATFORM_CUDA)
   const int d = p.dqk > p.dv ? p.dqk : p.dv;
   if (d <= 64 || d > 128) return false;

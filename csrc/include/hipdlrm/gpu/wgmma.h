@@ -1,6 +1,7 @@
 // Hopper (sm_90a) warpgroup matrix multiply-accumulate: the wgmma instructions for the pointwise-attention
 // forward (csrc/kernels/attention/attention_forward_sm90.h). A warpgroup is four consecutive warps (128
-// threads); one wgmma computes D[64 x N] (+)= A[64 x 16] * B[16 x N] with fp32 accumulators.
+// threads); one wgmma computes D[64 x N] (+)= A[64 x 16] * B[16 x N] with fp32 accumulators. The backward
+// (attention_backward_sm90.h) uses the same wrappers.
 //
 // Operands in shared memory are described by 64-bit matrix descriptors over tiles stored with the
 // 128-byte swizzle: a tile is a sequence of 1024-byte atoms of 8 lines of 128 bytes (64 16-bit elements),
@@ -10,7 +11,8 @@
 //     `sbo` = 1024 (stride between 8-row groups); a 64-wide k slice of all rows is one contiguous block.
 //   MN-major B operand (B = v in O = P v, rows = keys, lines hold 64 consecutive head-dim columns):
 //     `lbo` = stride between 64-column blocks, `sbo` = 1024 (stride between 8-key groups); the transpose
-//     flag of the instruction is set.
+//     flag of the instruction is set. An MN-major A operand (SST) is laid out the same way, its lines
+//     holding 64 consecutive rows of A.
 // Accumulator layout (per warp w of the warpgroup, lane = 4 g + t): d[4 j + 0, 1] = row 16 w + g, columns
 // 8 j + 2 t, 8 j + 2 t + 1; d[4 j + 2, 3] = row 16 w + g + 8, same columns. The register A operand of the
 // k16 slice kk is then pack(d[8 kk + 0, 1]), pack(d[8 kk + 2, 3]), pack(d[8 kk + 4, 5]), pack(d[8 kk + 6, 7])
@@ -154,6 +156,34 @@ struct RS<128, false> {
       "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+  }
+};
+
+// D[64 x N] (+)= A[64 x 16] B[16 x N]; A and B both MN-major in shared memory (A's lines hold 64
+// consecutive rows of one k, as B's hold 64 consecutive columns): the backward's dQ = dS k with dS stored
+// [key][query] and k [key][d].
+template <int kN, bool kBf16>
+struct SST;
+
+template <>
+struct SST<64, true> {
+  static HIPDLRM_DEVICE void run(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
+  }
+};
+
+template <>
+struct SST<64, false> {
+  static HIPDLRM_DEVICE void run(float (&d)[32], std::uint64_t desc_a, std::uint64_t desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d));
   }
 };
 

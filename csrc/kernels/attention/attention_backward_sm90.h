@@ -1,0 +1,333 @@
+// Hopper (sm_90a) backward of the pointwise-activation attention core at head dim 128 (HSTU and GDPA: the
+// same variants, masks, arguments and outputs as attention_backward.h), on warpgroup MMA (wgmma).
+//
+// One block of two warpgroups per (sample, kv head, 128 keys); warpgroup w owns keys [64 w, 64 w + 64) of
+// the block. k and v are staged once; the steps walk the same (query head, 64-query block) sequence as the
+// portable kernel, q and dO of the next step landing in the other of two shared-memory stages (cp.async)
+// while this one is computed. Per step and warpgroup:
+//   S^T[64 keys x 64 q] = k q^T and dP^T = v dO^T   wgmma, both operands in shared memory (K-major);
+//   P^T, dX^T in registers                            alpha, rab, activation and act', mask, row scale;
+//   dV += P^T dO, dK += dX^T q                        wgmma with P^T / dX^T as register A operands and
+//                                                     q / dO read through the transposed-B descriptor;
+//   dX^T -> shared [key][query]                       one 32-bit store per pair (swizzled: no conflicts).
+// After a barrier, warpgroup w computes dQ[64 q x 64 d] (head-dim half w) = dS k over the block's 128 keys
+// with both operands MN-major in shared memory (SST), and adds it, times alpha, to the fp32 grad_q_accum
+// (vector red.add of pairs). dK and dV stay in registers for the whole walk and are stored once: no atomics
+// on them. dRab as in the portable kernel. The dQ conversion kernel is the portable one.
+//
+// Used where the wgmma forward is (sm90_kernels_available: compute capability 9.0, an sm_90a build,
+// 64 < max(dqk, dv) <= 128, HIPDLRM_DISABLE_WGMMA unset); elsewhere an empty stub that is never launched.
+#pragma once
+
+#include <type_traits>
+
+#include "attention_forward_sm90.h"
+#include "hipdlrm/gpu/atomics.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace attention {
+
+struct Sm90BwdConfig {
+  static constexpr int kD = 128;
+  static constexpr int kBlockN = 128;  // keys per block (64 per warpgroup)
+  static constexpr int kBlockM = 64;   // queries per step
+  static constexpr int kThreads = 256;
+  static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
+  static constexpr int kTileQ = kBlockM * kD * 2;  // bytes of one q (or dO) tile
+  static constexpr int kTileS = kBlockN * kBlockM * 2;
+  static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + 1024;  // + slack for 1024-byte alignment
+};
+
+#if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
+
+template <typename T, class V>
+__global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
+    attention_backward_sm90_kernel(AttentionBackwardArgs args, int num_kblocks) {
+#if defined(HIPDLRM_WGMMA)
+  using Cfg = Sm90BwdConfig;
+  using F = Act<V::kAct, kTanhActivation<T>>;
+  using Mma = gpu::Mma16<T>;
+  namespace wg = gpu::wgmma;
+  constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kThreads = Cfg::kThreads;
+  constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
+  constexpr int kBlockK = Cfg::kTileK / 2;  // bytes of one 64-column block of k / v (128 lines)
+  constexpr int kBlockQ = Cfg::kTileQ / 2;  // bytes of one 64-column block of q / dO (64 lines)
+
+  extern __shared__ uint4 smem_raw[];
+  unsigned char* const smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* const k_s = smem;
+  unsigned char* const v_s = k_s + Cfg::kTileK;
+  unsigned char* const stage_s = v_s + Cfg::kTileK;  // two stages of (q, dO)
+  unsigned char* const ds_s = stage_s + 2 * 2 * Cfg::kTileQ;
+
+  const AttentionProblem& p = args.p;
+  const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
+  const int group = V::kHstu ? 1 : p.heads / kv_heads;  // query heads per kv head
+  const std::int64_t id = blockIdx.x;                   // key block 0 first (causal: the most queries)
+  const int kb = static_cast<int>(id % num_kblocks);
+  const int hk = static_cast<int>((id / num_kblocks) % kv_heads);
+  const int b = static_cast<int>(id / (static_cast<std::int64_t>(num_kblocks) * kv_heads));
+  const SampleRows rows = sample_rows(p, b);
+  const int nq = rows.nq, nkv = rows.nkv;
+  const int j0 = kb * kBN;
+  if (j0 >= nkv) return;
+  typename V::Mask mask;
+  mask_for_sample(mask, p, b, rows);
+  const float alpha = V::kHstu ? p.alpha : 1.0f;
+
+  const std::int64_t q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
+  const std::int64_t o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
+  const std::int64_t k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
+  const std::int64_t v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
+  const T* const q0g = static_cast<const T*>(args.q) + rows.q0 * q_stride;
+  const T* const do0g = static_cast<const T*>(args.grad_out) + rows.o0 * o_stride;
+  float* const dqa0 = args.grad_q_accum + rows.q0 * q_stride;
+  const T* const kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
+  const T* const vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
+  const std::int64_t rab_plane = static_cast<std::int64_t>(p.max_seq_len) * p.max_seq_len;
+  const std::int64_t rab_offset =
+      (static_cast<std::int64_t>(p.rab_batch == 1 ? 0 : b) * p.rab_heads + (p.rab_heads == 1 ? 0 : hk)) * rab_plane;
+  const T* const rab = V::kHstu && p.rab != nullptr ? static_cast<const T*>(p.rab) + rab_offset : nullptr;
+  float* const grad_rab = V::kHstu && args.grad_rab != nullptr ? args.grad_rab + rab_offset : nullptr;
+  const bool rab_shared = (p.rab_batch == 1 && p.batch > 1) || (p.rab_heads == 1 && p.heads > 1);
+  const float* const scale_per_token = V::kHstu ? p.scale_per_token : nullptr;
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int kw0 = j0 + 64 * wgi;  // this warpgroup's first key
+  const int kr0 = 64 * wgi + 16 * warp + g;  // this thread's key lines in the block: kr0 and kr0 + 8
+
+  // Steps as in the portable kernel: t = query head of the group * num_qblocks + query block.
+  const int num_qblocks = (nq + kBM - 1) / kBM;
+  const int qb_first = mask.first_query(j0) / kBM;
+  const int num_steps = qb_first < num_qblocks ? group * num_qblocks : 0;
+  auto qb_of = [&](int t) { return V::kHstu ? t : t % num_qblocks; };
+  auto next_step = [&](int t) {
+    while (t < num_steps) {
+      const int qb = qb_of(t);
+      if (qb < qb_first) {
+        t += qb_first - qb;
+      } else if (mask.tile_any(qb * kBM, qb * kBM + kBM, j0, j0 + kBN)) {
+        break;
+      } else {
+        ++t;
+      }
+    }
+    return t;
+  };
+  auto head_of = [&](int t) { return static_cast<std::int64_t>(V::kHstu ? hk : hk * group + t / num_qblocks); };
+  auto stage_qdo = [&](int t, int stage) {
+    unsigned char* const q_s = stage_s + stage * 2 * Cfg::kTileQ;
+    const std::int64_t h = head_of(t), row0 = static_cast<std::int64_t>(qb_of(t)) * kBM;
+    stage_swizzled<kBM, kThreads>(q_s, q0g + h * p.dqk, row0, nq, q_stride, p.dqk);
+    stage_swizzled<kBM, kThreads>(q_s + Cfg::kTileQ, do0g + h * p.dv, row0, nq, o_stride, p.dv);
+  };
+
+  stage_swizzled<kBN, kThreads>(k_s, kg, j0, nkv, k_stride, p.dqk);
+  stage_swizzled<kBN, kThreads>(v_s, vg, j0, nkv, v_stride, p.dv);
+  int t = next_step(0);
+  if (t < num_steps) stage_qdo(t, 0);
+  stage_commit();
+  stage_wait<0>();
+  wg::fence_smem_for_async();
+  __syncthreads();
+
+  float dk[64], dv[64];
+#pragma unroll
+  for (int e = 0; e < 64; ++e) {
+    dk[e] = 0.0f;
+    dv[e] = 0.0f;
+  }
+
+  int stage = 0;
+  while (t < num_steps) {
+    const int tn = next_step(t + 1);
+    if (tn < num_steps) stage_qdo(tn, stage ^ 1);
+    stage_commit();
+    const unsigned char* const q_s = stage_s + stage * 2 * Cfg::kTileQ;
+    const unsigned char* const do_s = q_s + Cfg::kTileQ;
+    const int i0 = qb_of(t) * kBM;
+    const std::int64_t h = head_of(t);
+
+    const bool inside_seq = !V::kHstu || (i0 + kBM <= nq && kw0 + 64 <= nkv);
+    const bool full = inside_seq && rab == nullptr && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
+    const bool live = full || mask.tile_any(i0, i0 + kBM, kw0, kw0 + 64);
+    std::uint32_t pp[4][4], px[4][4];  // P^T and dX^T as register A operands (k16 steps over the queries)
+    if (live) {
+      float st[32], dpt[32];
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
+        const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
+        wg::SS<64, kBf16>::run(st, wg::desc(k_s + 64 * wgi * 128 + off, 16, 1024), wg::desc(q_s + offq, 16, 1024),
+                               kk > 0 ? 1 : 0);
+      }
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
+        const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
+        wg::SS<64, kBf16>::run(dpt, wg::desc(v_s + 64 * wgi * 128 + off, 16, 1024), wg::desc(do_s + offq, 16, 1024),
+                               kk > 0 ? 1 : 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(st);
+      wg::fence_regs(dpt);
+      // Element e: key line kr0 + 8 ((e >> 1) & 1), query i0 + 8 (e >> 2) + 2 t4 + (e & 1).
+      auto element = [&](int e, auto masked) {
+        constexpr bool kMasked = decltype(masked)::value;
+        const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
+        const bool inside = !kMasked || (i < nq && j < nkv && mask.valid(i, j));
+        float x = V::kHstu ? alpha * st[e] : st[e];
+        const std::int64_t ij = static_cast<std::int64_t>(i) * p.max_seq_len + j;
+        if (kMasked && rab != nullptr && inside) x += gpu::to_float(rab[ij]);
+        float gr;
+        const float a = F::fg(x, gr);
+        float s = 0.0f;
+        if (inside) s = scale_per_token != nullptr ? scale_per_token[rows.q0 + i] : p.scale_value;
+        const float dx = inside ? dpt[e] * s * gr : 0.0f;
+        st[e] = inside ? a * s : 0.0f;
+        dpt[e] = dx;
+        if (kMasked && grad_rab != nullptr && inside) {
+          if (rab_shared) {
+            gpu::atomic_add(grad_rab + ij, dx);
+          } else {
+            grad_rab[ij] = dx;
+          }
+        }
+      };
+      if (full) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) element(e, std::false_type());
+      } else {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) element(e, std::true_type());
+      }
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          pp[kk][r] = Mma::pack2(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
+          px[kk][r] = Mma::pack2(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+        }
+      wg::fence();
+      wg::fence_regs(dv);
+      wg::fence_regs(dk);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dv, pp[kk], wg::desc(do_s + 16 * kk * 128, kBlockQ, 1024));
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dk, px[kk], wg::desc(q_s + 16 * kk * 128, kBlockQ, 1024));
+      wg::commit();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) px[kk][r] = 0u;
+    }
+    // dX^T into ds_s: [128 key lines][64 queries], swizzled; register (kk, r) holds key line kr0 + 8 (r & 1),
+    // queries 16 kk + 8 (r >> 1) + 2 t4 and the next one (chunk 2 kk + (r >> 1), byte 4 t4 of the chunk).
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int line = kr0 + 8 * (r & 1);
+        *reinterpret_cast<std::uint32_t*>(ds_s + wg::swizzled_offset(line, 2 * kk + (r >> 1), kBN) + 4 * t4) =
+            px[kk][r];
+      }
+    wg::fence_smem_for_async();
+    __syncthreads();  // dS complete
+
+    // dQ[64 q x 64 d] of head-dim half wgi = dS k over the 128 keys.
+    if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && 64 * wgi < p.dqk) {
+      float dq[32];
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        wg::SST<64, kBf16>::run(dq, wg::desc(ds_s + 16 * kk * 128, Cfg::kTileS, 1024),
+                                wg::desc(k_s + wgi * kBlockK + 16 * kk * 128, kBlockK, 1024), kk > 0 ? 1 : 0);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_regs(dq);
+      wg::fence_regs(dv);
+      wg::fence_regs(dk);
+      float* const dqa = dqa0 + h * p.dqk;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int i = i0 + 16 * warp + g + 8 * half;
+        if (i < nq) {
+          float* const row = dqa + static_cast<std::int64_t>(i) * q_stride;
+#pragma unroll
+          for (int jj = 0; jj < 8; ++jj) {
+            const int col = 64 * wgi + 8 * jj + 2 * t4;
+            if (col < p.dqk) {
+              const float vals[2] = {alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]};
+              gpu::atomic_add_vec<2>(row + col, vals);
+            }
+          }
+        }
+      }
+    } else {
+      wg::wait<0>();
+      wg::fence_regs(dv);
+      wg::fence_regs(dk);
+    }
+
+    stage_wait<0>();
+    wg::fence_smem_for_async();
+    __syncthreads();  // next q/dO landed; this step's q/dO and dS free
+    stage ^= 1;
+    t = tn;
+  }
+
+  // Epilogue: dK (times alpha) and dV of this thread's keys; keys past the end and padded columns not written.
+  T* const gk = static_cast<T*>(args.grad_k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
+  T* const gv = static_cast<T*>(args.grad_v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int j = j0 + kr0 + 8 * half;
+    if (j < nkv) {
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int col = 8 * jj + 2 * t4;
+        if (col < p.dqk) {
+          *reinterpret_cast<std::uint32_t*>(gk + static_cast<std::int64_t>(j) * k_stride + col) =
+              Mma::pack2(alpha * dk[4 * jj + 2 * half], alpha * dk[4 * jj + 2 * half + 1]);
+        }
+        if (col < p.dv) {
+          *reinterpret_cast<std::uint32_t*>(gv + static_cast<std::int64_t>(j) * v_stride + col) =
+              Mma::pack2(dv[4 * jj + 2 * half], dv[4 * jj + 2 * half + 1]);
+        }
+      }
+    }
+  }
+#else
+  (void)args;
+  (void)num_kblocks;
+#endif
+}
+
+template <typename T, class V>
+gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, gpu::stream_t stream) {
+  using Cfg = Sm90BwdConfig;
+  const AttentionProblem& p = args.p;
+  const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
+  const int max_kv = V::kHstu || p.max_seq_len_kv == 0 ? p.max_seq_len : p.max_seq_len_kv;
+  const int num_kblocks = (max_kv + Cfg::kBlockN - 1) / Cfg::kBlockN;
+  const std::int64_t blocks = static_cast<std::int64_t>(num_kblocks) * kv_heads * p.batch;
+  if (blocks == 0) return gpu::kSuccess;
+  const gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_sm90_kernel<T, V>, Cfg::kSmem);
+  if (st != gpu::kSuccess) return st;
+  attention_backward_sm90_kernel<T, V>
+      <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_kblocks);
+  return gpu::last_launch_status();
+}
+
+#endif  // HIPDLRM_PLATFORM_CUDA
+
+}  // namespace attention
+}  // namespace kernels
+}  // namespace hipdlrm
