@@ -28,6 +28,12 @@ namespace hipdlrm {
 namespace kernels {
 namespace attention {
 
+// S^T and dP^T as two wgmma commit groups: the activation of S^T and then dV += P^T dO run while dP^T is
+// still computing (-DHIPDLRM_SM90_BWD_SPLIT=0: one group, everything after both).
+#if !defined(HIPDLRM_SM90_BWD_SPLIT)
+#define HIPDLRM_SM90_BWD_SPLIT 1
+#endif
+
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
   static constexpr int kBlockN = 128;  // keys per block (64 per warpgroup)
@@ -53,6 +59,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
   constexpr int kBlockK = Cfg::kTileK / 2;  // bytes of one 64-column block of k / v (128 lines)
   constexpr int kBlockQ = Cfg::kTileQ / 2;  // bytes of one 64-column block of q / dO (64 lines)
+  constexpr bool kSplitGroups = HIPDLRM_SM90_BWD_SPLIT != 0;
 
   extern __shared__ uint4 smem_raw[];
   unsigned char* const smem =
@@ -165,6 +172,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         wg::SS<64, kBf16>::run(st, wg::desc(k_s + 64 * wgi * 128 + off, 16, 1024), wg::desc(q_s + offq, 16, 1024),
                                kk > 0 ? 1 : 0);
       }
+      if (kSplitGroups) wg::commit();
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
         const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
@@ -173,51 +181,79 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
                                kk > 0 ? 1 : 0);
       }
       wg::commit();
-      wg::wait<0>();
+      // S first (dP^T may still be computing): P^T = act(x) s into pp, and act'(x) s kept in st.
+      if (kSplitGroups) {
+        wg::wait<1>();
+      } else {
+        wg::wait<0>();
+      }
       wg::fence_regs(st);
-      wg::fence_regs(dpt);
       // Element e: key line kr0 + 8 ((e >> 1) & 1), query i0 + 8 (e >> 2) + 2 t4 + (e & 1).
       auto element = [&](int e, auto masked) {
         constexpr bool kMasked = decltype(masked)::value;
         const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
         const bool inside = !kMasked || (i < nq && j < nkv && mask.valid(i, j));
         float x = V::kHstu ? alpha * st[e] : st[e];
-        const std::int64_t ij = static_cast<std::int64_t>(i) * p.max_seq_len + j;
-        if (kMasked && rab != nullptr && inside) x += gpu::to_float(rab[ij]);
+        if (kMasked && rab != nullptr && inside) {
+          x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+        }
         float gr;
         const float a = F::fg(x, gr);
         float s = 0.0f;
         if (inside) s = scale_per_token != nullptr ? scale_per_token[rows.q0 + i] : p.scale_value;
-        const float dx = inside ? dpt[e] * s * gr : 0.0f;
-        st[e] = inside ? a * s : 0.0f;
-        dpt[e] = dx;
-        if (kMasked && grad_rab != nullptr && inside) {
-          if (rab_shared) {
-            gpu::atomic_add(grad_rab + ij, dx);
-          } else {
-            grad_rab[ij] = dx;
+        st[e] = inside ? gr * s : 0.0f;  // dX = dP act'(x) s, once dP^T is in
+        return inside ? a * s : 0.0f;
+      };
+      auto pack_p = [&](auto masked) {
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const float lo = element(8 * kk + 2 * r, masked);
+            const float hi = element(8 * kk + 2 * r + 1, masked);
+            pp[kk][r] = Mma::pack2(lo, hi);
           }
-        }
       };
       if (full) {
-#pragma unroll
-        for (int e = 0; e < 32; ++e) element(e, std::false_type());
+        pack_p(std::false_type());
       } else {
-#pragma unroll
-        for (int e = 0; e < 32; ++e) element(e, std::true_type());
+        pack_p(std::true_type());
       }
+      // dV += P^T dO while dP^T finishes.
+      wg::fence();
+      wg::fence_regs(dv);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dv, pp[kk], wg::desc(do_s + 16 * kk * 128, kBlockQ, 1024));
+      wg::commit();
+      if (kSplitGroups) {
+        wg::wait<1>();
+      }
+      wg::fence_regs(dpt);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          pp[kk][r] = Mma::pack2(st[8 * kk + 2 * r], st[8 * kk + 2 * r + 1]);
-          px[kk][r] = Mma::pack2(dpt[8 * kk + 2 * r], dpt[8 * kk + 2 * r + 1]);
+          const int e = 8 * kk + 2 * r;
+          px[kk][r] = Mma::pack2(dpt[e] * st[e], dpt[e + 1] * st[e + 1]);
         }
-      wg::fence();
-      wg::fence_regs(dv);
-      wg::fence_regs(dk);
+      // dRab = dX of the valid elements (st is zero elsewhere).
+      if (!full && grad_rab != nullptr) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dv, pp[kk], wg::desc(do_s + 16 * kk * 128, kBlockQ, 1024));
+        for (int e = 0; e < 32; ++e) {
+          const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
+          if (i < nq && j < nkv && mask.valid(i, j)) {
+            const std::int64_t ij = static_cast<std::int64_t>(i) * p.max_seq_len + j;
+            const float dx = dpt[e] * st[e];
+            if (rab_shared) {
+              gpu::atomic_add(grad_rab + ij, dx);
+            } else {
+              grad_rab[ij] = dx;
+            }
+          }
+        }
+      }
+      wg::fence();
+      wg::fence_regs(dk);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dk, px[kk], wg::desc(q_s + 16 * kk * 128, kBlockQ, 1024));
       wg::commit();
