@@ -3,7 +3,7 @@
 - CPU torch: CPU kernels only.
 - CUDA torch (nvcc): CPU + CUDA kernels; targets from TORCH_CUDA_ARCH_LIST (torch's default otherwise,
   with 9.0 built as 9.0a when a Hopper GPU is visible). A list with 9.0a (and no plain 9.0) also builds
-  the Hopper wgmma attention forward (HIPDLRM_SM90A_KERNELS).
+  the Hopper wgmma attention forward and backward (HIPDLRM_SM90A_KERNELS).
 - ROCm torch (torch.version.hip): CPU + HIP kernels through hipcc; targets from PYTORCH_ROCM_ARCH,
   default gfx942;gfx90a;gfx950; rocPRIM provides the device-wide primitives.
 
@@ -48,7 +48,7 @@ def cuda_arch_defines():
     entries = [a for a in (archs or "").replace(" ", ";").split(";") if a]
     hopper = [a for a in entries if a.startswith("9.0")]
     if hopper and all(a == "9.0a" for a in hopper):
-        print(f"hipdlrm: CUDA targets {archs}: building the sm_90a (wgmma) attention forward")
+        print(f"hipdlrm: CUDA targets {archs}: building the sm_90a (wgmma) attention kernels")
         return ["-DHIPDLRM_SM90A_KERNELS"]
     if hopper:
         print(f"hipdlrm: CUDA targets {archs}: no sm_90a target, the Hopper wgmma kernels are not built "

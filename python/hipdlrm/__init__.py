@@ -18,9 +18,9 @@ __version__ = "0.1.0"
 
 def build_info() -> dict:
     """What this build of the library contains: ``gpu_backend`` ("cpu", "cuda" or "rocm") and
-    ``sm90a_kernels`` (whether the Hopper wgmma attention forward was compiled, i.e. the CUDA targets
+    ``sm90a_kernels`` (whether the Hopper wgmma attention kernels were compiled, i.e. the CUDA targets
     were built as 9.0a). On a Hopper GPU with ``sm90a_kernels``, attention at head dims in (64, 128]
-    uses the wgmma forward unless ``HIPDLRM_DISABLE_WGMMA=1`` is set."""
+    uses the wgmma forward and backward unless ``HIPDLRM_DISABLE_WGMMA=1`` is set."""
     return {"gpu_backend": _C.gpu_backend, "sm90a_kernels": bool(_C.sm90a_kernels)}
 
 

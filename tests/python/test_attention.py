@@ -597,7 +597,7 @@ def test_gpu_masks(case, dtype):
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
 @pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
 def test_gpu_masks_head_dim_128(case, dtype):
-    """Every mask option at head dim 128, the width of the Hopper (wgmma) forward."""
+    """Every mask option at head dim 128, the width of the Hopper (wgmma) forward and backward."""
     check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=128, dv=128))
 
 
@@ -610,9 +610,9 @@ def test_build_info_describes_the_build():
 
 
 @requires_gpu
-def test_gpu_forward_kernel_choice():
+def test_gpu_kernel_choice():
     """On a compute-capability 9.0 GPU with the sm_90a kernels built (and HIPDLRM_DISABLE_WGMMA unset), head
-    dim 128 runs the wgmma forward; elsewhere (and at head dim 64) the portable one."""
+    dim 128 runs the wgmma forward and backward; elsewhere (and at head dim 64) the portable ones."""
     import os
     from torch.profiler import ProfilerActivity, profile
 
@@ -620,20 +620,21 @@ def test_gpu_forward_kernel_choice():
     wgmma = (hopper and hipdlrm.build_info()["sm90a_kernels"]
              and os.environ.get("HIPDLRM_DISABLE_WGMMA", "0") in ("", "0"))
     for d, expect_wgmma in ((128, wgmma), (64, False)):
-        q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         offsets = torch.tensor([0, 17, 40], device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            hipdlrm.hstu_mha(23, 1.0 / d, q, k, v, offsets)
+            hipdlrm.hstu_mha(23, 1.0 / d, q, k, v, offsets).sum().backward()
             torch.cuda.synchronize()
         names = [e.key for e in prof.key_averages()]
-        used = any("attention_forward_sm90_kernel" in n for n in names)
-        assert used == expect_wgmma, (d, names)
-        assert used or any("attention_forward_kernel" in n for n in names), (d, names)
+        for direction in ("forward", "backward"):
+            used = any(f"attention_{direction}_sm90_kernel" in n for n in names)
+            assert used == expect_wgmma, (d, direction, names)
+            assert used or any(f"attention_{direction}_kernel" in n for n in names), (d, direction, names)
 
 
 @requires_gpu
-def test_gpu_portable_forward_with_wgmma_disabled():
-    """The portable forward at head dims in (64, 128], which the wgmma kernel replaces on Hopper."""
+def test_gpu_portable_kernels_with_wgmma_disabled():
+    """The portable forward and backward at head dims in (64, 128], which the wgmma kernels replace on Hopper."""
     run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_head_dim_128 or test_gpu_long_sequences")
 
 

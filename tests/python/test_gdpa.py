@@ -612,8 +612,8 @@ def test_gpu_long_sequences(activation, dtype):
 
 
 @requires_gpu
-def test_gpu_portable_forward_with_wgmma_disabled():
-    """The portable forward at head dim 128, which the wgmma kernel replaces on Hopper."""
+def test_gpu_portable_kernels_with_wgmma_disabled():
+    """The portable forward and backward at head dim 128, which the wgmma kernels replace on Hopper."""
     run_with_wgmma_disabled("test_gdpa.py", "test_gpu_activations or test_gpu_windows or test_gpu_grouped_kv_heads "
                                             "or test_gpu_dense_kv or test_gpu_broadcast_q or test_gpu_long_sequences")
 
