@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "hipdlrm/gpu/platform.h"
+#include "hipdlrm/gpu/swizzle.h"
 
 #if defined(HIPDLRM_PLATFORM_CUDA) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define HIPDLRM_WGMMA 1
@@ -32,12 +33,6 @@
 namespace hipdlrm {
 namespace gpu {
 namespace wgmma {
-
-// Byte offset of element chunk `chunk` (8 16-bit elements) of line `line` in a swizzled block whose lines
-// are 128 bytes; `lines` lines per 64-column block (blocks of further columns follow).
-HIPDLRM_HOST_DEVICE constexpr int swizzled_offset(int line, int chunk16, int lines) {
-  return (chunk16 >> 3) * lines * 128 + line * 128 + (((chunk16 & 7) ^ (line & 7)) << 4);
-}
 
 #if defined(HIPDLRM_WGMMA)
 
