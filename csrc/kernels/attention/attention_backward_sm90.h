@@ -10,6 +10,8 @@
 //   dV += P^T dO, dK += dX^T q                        wgmma with P^T / dX^T as register A operands and
 //                                                     q / dO read through the transposed-B descriptor;
 //   dX^T -> shared [key][query]                       one 32-bit store per pair (swizzled: no conflicts).
+// S^T and dP^T are two commit groups: P^T is computed and dV += P^T dO issued while dP^T is still on the
+// tensor cores (HIPDLRM_SM90_BWD_SPLIT below).
 // After a barrier, warpgroup w computes dQ[64 q x 64 d] (head-dim half w) = dS k over the block's 128 keys
 // with both operands MN-major in shared memory (SST), and adds it, times alpha, to the fp32 grad_q_accum
 // (vector red.add of pairs). dK and dV stay in registers for the whole walk and are stored once: no atomics
