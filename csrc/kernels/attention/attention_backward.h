@@ -59,67 +59,34 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
   T* const ds_s = stage_s + Cfg::kStages * 2 * kBM * kLd;
 
   const AttentionProblem& p = args.p;
-  const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
-  const int group = V::kHstu ? 1 : p.heads / kv_heads;  // query heads per kv head
-  const std::int64_t total = static_cast<std::int64_t>(num_kblocks) * Cfg::kSplit * kv_heads * p.batch;
-  const std::int64_t id = xcd_remap(blockIdx.x, total);
-  // Key block 0 first: under a causal mask it has the most queries.
-  const int split = static_cast<int>(id % Cfg::kSplit);
-  const int kb = static_cast<int>((id / Cfg::kSplit) % num_kblocks);
-  const int hk = static_cast<int>((id / (static_cast<std::int64_t>(Cfg::kSplit) * num_kblocks)) % kv_heads);
-  const int b = static_cast<int>(id / (static_cast<std::int64_t>(Cfg::kSplit) * num_kblocks * kv_heads));
-  const SampleRows rows = sample_rows(p, b);
+  BackwardBlock<T, V, kBM, kBN> bb;
+  if (!bb.init(args, blockIdx.x, num_kblocks, Cfg::kSplit)) return;
+  const int split = bb.split;
+  const int hk = bb.hk;
+  const SampleRows rows = bb.rows;
   const int nq = rows.nq, nkv = rows.nkv;
-  const int j0 = kb * kBN;
-  if (j0 >= nkv) return;
-  typename V::Mask mask;
-  mask_for_sample(mask, p, b, rows);
-  const float alpha = V::kHstu ? p.alpha : 1.0f;
-
-  const std::int64_t q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
-  const std::int64_t o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
-  const std::int64_t k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
-  const std::int64_t v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
-  // Query-side pointers at query head 0 of the sample; a step adds its head's column offset.
-  const T* const q0g = static_cast<const T*>(args.q) + rows.q0 * q_stride;
-  const T* const do0g = static_cast<const T*>(args.grad_out) + rows.o0 * o_stride;
-  float* const dqa0 = args.grad_q_accum + rows.q0 * q_stride;
-  const T* const kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
-  const T* const vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
-  // rab and dRab (HSTU, where kv heads are query heads).
-  const std::int64_t rab_plane = static_cast<std::int64_t>(p.max_seq_len) * p.max_seq_len;
-  const std::int64_t rab_offset =
-      (static_cast<std::int64_t>(p.rab_batch == 1 ? 0 : b) * p.rab_heads + (p.rab_heads == 1 ? 0 : hk)) * rab_plane;
-  const T* const rab = V::kHstu && p.rab != nullptr ? static_cast<const T*>(p.rab) + rab_offset : nullptr;
-  // Blocks of a split head dim all compute the same dX: the first one writes dRab.
-  float* const grad_rab = V::kHstu && args.grad_rab != nullptr && split == 0 ? args.grad_rab + rab_offset : nullptr;
-  const bool rab_shared = (p.rab_batch == 1 && p.batch > 1) || (p.rab_heads == 1 && p.heads > 1);
-  const float* const scale_per_token = V::kHstu ? p.scale_per_token : nullptr;
+  const int j0 = bb.j0;
+  const typename V::Mask mask = bb.mask;
+  const float alpha = bb.alpha;
+  const std::int64_t q_stride = bb.q_stride, o_stride = bb.o_stride, k_stride = bb.k_stride, v_stride = bb.v_stride;
+  const T* const q0g = bb.q0g;
+  const T* const do0g = bb.do0g;
+  float* const dqa0 = bb.dqa0;
+  const T* const kg = bb.kg;
+  const T* const vg = bb.vg;
+  const T* const rab = bb.rab;
+  float* const grad_rab = bb.grad_rab;
+  const bool rab_shared = bb.rab_shared;
+  const float* const scale_per_token = bb.scale_per_token;
 
   const int wave = gpu::wave_id(), lane = gpu::lane_id();
   const int jw = j0 + 16 * wave;  // this wave's first key
   const int ndt_qk = p.dqk / 16, ndt_v = p.dv / 16;
   const int c0 = split * kCT;  // first head-dim tile of this block's columns
-  // Steps: (query head of the group g, query block qb) as t = g * num_qblocks + qb, masked-out blocks and
-  // those before the mask's first query skipped.
-  const int num_qblocks = (nq + kBM - 1) / kBM;
-  const int qb_first = mask.first_query(j0) / kBM;
-  const int num_steps = qb_first < num_qblocks ? group * num_qblocks : 0;
-  auto qb_of = [&](int t) { return V::kHstu ? t : t % num_qblocks; };
-  auto next_step = [&](int t) {
-    while (t < num_steps) {
-      const int qb = qb_of(t);
-      if (qb < qb_first) {
-        t += qb_first - qb;
-      } else if (mask.tile_any(qb * kBM, qb * kBM + kBM, j0, j0 + kBN)) {
-        break;
-      } else {
-        ++t;
-      }
-    }
-    return t;
-  };
-  auto head_of = [&](int t) { return static_cast<std::int64_t>(V::kHstu ? hk : hk * group + t / num_qblocks); };
+  const int num_steps = bb.num_steps;
+  auto qb_of = [&](int t) { return bb.qb_of(t); };
+  auto next_step = [&](int t) { return bb.next_step(t); };
+  auto head_of = [&](int t) { return bb.head_of(t); };
   auto stage_qdo = [&](int t, int stage) {
     T* const q_s = stage_s + stage * 2 * kBM * kLd;
     const std::int64_t h = head_of(t), row0 = static_cast<std::int64_t>(qb_of(t)) * kBM;

@@ -72,72 +72,31 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   unsigned char* const ds_s = stage_s + 2 * 2 * Cfg::kTileQ;
 
   const AttentionProblem& p = args.p;
-  const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
-  const int group = V::kHstu ? 1 : p.heads / kv_heads;  // query heads per kv head
-  const std::int64_t id = blockIdx.x;                   // key block 0 first (causal: the most queries)
-  const int kb = static_cast<int>(id % num_kblocks);
-  const int hk = static_cast<int>((id / num_kblocks) % kv_heads);
-  const int b = static_cast<int>(id / (static_cast<std::int64_t>(num_kblocks) * kv_heads));
-  const SampleRows rows = sample_rows(p, b);
-  const int nq = rows.nq, nkv = rows.nkv;
-  const int j0 = kb * kBN;
-  if (j0 >= nkv) return;
-  typename V::Mask mask;
-  mask_for_sample(mask, p, b, rows);
-  const float alpha = V::kHstu ? p.alpha : 1.0f;
-
-  const std::int64_t q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
-  const std::int64_t o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
-  const std::int64_t k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
-  const std::int64_t v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
-  const T* const q0g = static_cast<const T*>(args.q) + rows.q0 * q_stride;
-  const T* const do0g = static_cast<const T*>(args.grad_out) + rows.o0 * o_stride;
-  float* const dqa0 = args.grad_q_accum + rows.q0 * q_stride;
-  const T* const kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
-  const T* const vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
-  const std::int64_t rab_plane = static_cast<std::int64_t>(p.max_seq_len) * p.max_seq_len;
-  const std::int64_t rab_offset =
-      (static_cast<std::int64_t>(p.rab_batch == 1 ? 0 : b) * p.rab_heads + (p.rab_heads == 1 ? 0 : hk)) * rab_plane;
-  const T* const rab = V::kHstu && p.rab != nullptr ? static_cast<const T*>(p.rab) + rab_offset : nullptr;
-  float* const grad_rab = V::kHstu && args.grad_rab != nullptr ? args.grad_rab + rab_offset : nullptr;
-  const bool rab_shared = (p.rab_batch == 1 && p.batch > 1) || (p.rab_heads == 1 && p.heads > 1);
-  const float* const scale_per_token = V::kHstu ? p.scale_per_token : nullptr;
+  BackwardBlock<T, V, kBM, kBN> bb;
+  if (!bb.init(args, blockIdx.x, num_kblocks, 1)) return;
+  const SampleRows rows = bb.rows;
+  const int nq = rows.nq, nkv = rows.nkv, j0 = bb.j0;
+  const typename V::Mask mask = bb.mask;
+  const float alpha = bb.alpha;
+  const T* const rab = bb.rab;
+  float* const grad_rab = bb.grad_rab;
+  const float* const scale_per_token = bb.scale_per_token;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int kw0 = j0 + 64 * wgi;  // this warpgroup's first key
+  const int kw0 = j0 + 64 * wgi;             // this warpgroup's first key
   const int kr0 = 64 * wgi + 16 * warp + g;  // this thread's key lines in the block: kr0 and kr0 + 8
-
-  // Steps as in the portable kernel: t = query head of the group * num_qblocks + query block.
-  const int num_qblocks = (nq + kBM - 1) / kBM;
-  const int qb_first = mask.first_query(j0) / kBM;
-  const int num_steps = qb_first < num_qblocks ? group * num_qblocks : 0;
-  auto qb_of = [&](int t) { return V::kHstu ? t : t % num_qblocks; };
-  auto next_step = [&](int t) {
-    while (t < num_steps) {
-      const int qb = qb_of(t);
-      if (qb < qb_first) {
-        t += qb_first - qb;
-      } else if (mask.tile_any(qb * kBM, qb * kBM + kBM, j0, j0 + kBN)) {
-        break;
-      } else {
-        ++t;
-      }
-    }
-    return t;
-  };
-  auto head_of = [&](int t) { return static_cast<std::int64_t>(V::kHstu ? hk : hk * group + t / num_qblocks); };
   auto stage_qdo = [&](int t, int stage) {
     unsigned char* const q_s = stage_s + stage * 2 * Cfg::kTileQ;
-    const std::int64_t h = head_of(t), row0 = static_cast<std::int64_t>(qb_of(t)) * kBM;
-    stage_swizzled<kBM, kThreads>(q_s, q0g + h * p.dqk, row0, nq, q_stride, p.dqk);
-    stage_swizzled<kBM, kThreads>(q_s + Cfg::kTileQ, do0g + h * p.dv, row0, nq, o_stride, p.dv);
+    const std::int64_t h = bb.head_of(t), row0 = static_cast<std::int64_t>(bb.qb_of(t)) * kBM;
+    stage_swizzled<kBM, kThreads>(q_s, bb.q0g + h * p.dqk, row0, nq, bb.q_stride, p.dqk);
+    stage_swizzled<kBM, kThreads>(q_s + Cfg::kTileQ, bb.do0g + h * p.dv, row0, nq, bb.o_stride, p.dv);
   };
 
-  stage_swizzled<kBN, kThreads>(k_s, kg, j0, nkv, k_stride, p.dqk);
-  stage_swizzled<kBN, kThreads>(v_s, vg, j0, nkv, v_stride, p.dv);
-  int t = next_step(0);
-  if (t < num_steps) stage_qdo(t, 0);
+  stage_swizzled<kBN, kThreads>(k_s, bb.kg, j0, nkv, bb.k_stride, p.dqk);
+  stage_swizzled<kBN, kThreads>(v_s, bb.vg, j0, nkv, bb.v_stride, p.dv);
+  int t = bb.next_step(0);
+  if (t < bb.num_steps) stage_qdo(t, 0);
   stage_commit();
   stage_wait<0>();
   wg::fence_smem_for_async();
@@ -151,14 +110,14 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   }
 
   int stage = 0;
-  while (t < num_steps) {
-    const int tn = next_step(t + 1);
-    if (tn < num_steps) stage_qdo(tn, stage ^ 1);
+  while (t < bb.num_steps) {
+    const int tn = bb.next_step(t + 1);
+    if (tn < bb.num_steps) stage_qdo(tn, stage ^ 1);
     stage_commit();
     const unsigned char* const q_s = stage_s + stage * 2 * Cfg::kTileQ;
     const unsigned char* const do_s = q_s + Cfg::kTileQ;
-    const int i0 = qb_of(t) * kBM;
-    const std::int64_t h = head_of(t);
+    const int i0 = bb.qb_of(t) * kBM;
+    const std::int64_t h = bb.head_of(t);
 
     const bool inside_seq = !V::kHstu || (i0 + kBM <= nq && kw0 + 64 <= nkv);
     const bool full = inside_seq && rab == nullptr && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
@@ -246,7 +205,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           if (i < nq && j < nkv && mask.valid(i, j)) {
             const std::int64_t ij = static_cast<std::int64_t>(i) * p.max_seq_len + j;
             const float dx = dpt[e] * st[e];
-            if (rab_shared) {
+            if (bb.rab_shared) {
               gpu::atomic_add(grad_rab + ij, dx);
             } else {
               grad_rab[ij] = dx;
@@ -292,12 +251,12 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       wg::fence_regs(dq);
       wg::fence_regs(dv);
       wg::fence_regs(dk);
-      float* const dqa = dqa0 + h * p.dqk;
+      float* const dqa = bb.dqa0 + h * p.dqk;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int i = i0 + 16 * warp + g + 8 * half;
         if (i < nq) {
-          float* const row = dqa + static_cast<std::int64_t>(i) * q_stride;
+          float* const row = dqa + static_cast<std::int64_t>(i) * bb.q_stride;
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
             const int col = 64 * wgi + 8 * jj + 2 * t4;
@@ -322,8 +281,9 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   }
 
   // Epilogue: dK (times alpha) and dV of this thread's keys; keys past the end and padded columns not written.
-  T* const gk = static_cast<T*>(args.grad_k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
-  T* const gv = static_cast<T*>(args.grad_v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
+  const std::int64_t k_stride = bb.k_stride, v_stride = bb.v_stride;
+  T* const gk = static_cast<T*>(args.grad_k) + rows.kv0 * k_stride + static_cast<std::int64_t>(bb.hk) * p.dqk;
+  T* const gv = static_cast<T*>(args.grad_v) + rows.kv0 * v_stride + static_cast<std::int64_t>(bb.hk) * p.dv;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int j = j0 + kr0 + 8 * half;

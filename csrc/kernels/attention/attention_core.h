@@ -399,6 +399,87 @@ struct ForwardBlock {
   }
 };
 
+// The (sample b, kv head hk, key block kb, head-dim part split) that backward program `block` computes --
+// key block 0 first: under a causal mask it has the most queries -- with its sample's rows and mask, the
+// row strides and the per-sample base pointers (q, dO and dQ's accumulator at query head 0; k and v at kv
+// head hk), rab's [N, N] slice and dRab's (HSTU; dRab only for split 0, every split computing the same dX),
+// and the walk: steps t = (query head of the group) * num_qblocks + (query block of kBM rows), those the
+// mask rules out for the kBN keys at j0 skipped. Shared by the portable backward and the Hopper one
+// (attention_backward.h, attention_backward_sm90.h).
+template <typename T, class V, int kBM, int kBN>
+struct BackwardBlock {
+  int split, kb, hk, b, j0, group, num_qblocks, qb_first, num_steps;
+  SampleRows rows;
+  typename V::Mask mask;
+  std::int64_t q_stride, o_stride, k_stride, v_stride;
+  const T* q0g;
+  const T* do0g;
+  float* dqa0;
+  const T* kg;
+  const T* vg;
+  const T* rab;     // null: none
+  float* grad_rab;  // null: no dRab here
+  bool rab_shared;  // rab broadcasts over batch or heads: dRab by atomics
+  const float* scale_per_token;
+  float alpha;
+
+  // False when the key block starts past its sample's last key (nothing to do).
+  HIPDLRM_DEVICE bool init(const AttentionBackwardArgs& args, std::int64_t block, int num_kblocks, int splits) {
+    const AttentionProblem& p = args.p;
+    const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
+    group = V::kHstu ? 1 : p.heads / kv_heads;
+    const std::int64_t total = static_cast<std::int64_t>(num_kblocks) * splits * kv_heads * p.batch;
+    const std::int64_t id = xcd_remap(block, total);
+    split = static_cast<int>(id % splits);
+    kb = static_cast<int>((id / splits) % num_kblocks);
+    hk = static_cast<int>((id / (static_cast<std::int64_t>(splits) * num_kblocks)) % kv_heads);
+    b = static_cast<int>(id / (static_cast<std::int64_t>(splits) * num_kblocks * kv_heads));
+    rows = sample_rows(p, b);
+    j0 = kb * kBN;
+    if (j0 >= rows.nkv) return false;
+    mask_for_sample(mask, p, b, rows);
+    alpha = V::kHstu ? p.alpha : 1.0f;
+    q_stride = static_cast<std::int64_t>(p.heads) * p.dqk;
+    o_stride = static_cast<std::int64_t>(p.heads) * p.dv;
+    k_stride = static_cast<std::int64_t>(kv_heads) * p.dqk;
+    v_stride = static_cast<std::int64_t>(kv_heads) * p.dv;
+    q0g = static_cast<const T*>(args.q) + rows.q0 * q_stride;
+    do0g = static_cast<const T*>(args.grad_out) + rows.o0 * o_stride;
+    dqa0 = args.grad_q_accum + rows.q0 * q_stride;
+    kg = static_cast<const T*>(args.k) + rows.kv0 * k_stride + static_cast<std::int64_t>(hk) * p.dqk;
+    vg = static_cast<const T*>(args.v) + rows.kv0 * v_stride + static_cast<std::int64_t>(hk) * p.dv;
+    const std::int64_t rab_plane = static_cast<std::int64_t>(p.max_seq_len) * p.max_seq_len;
+    const std::int64_t rab_offset =
+        (static_cast<std::int64_t>(p.rab_batch == 1 ? 0 : b) * p.rab_heads + (p.rab_heads == 1 ? 0 : hk)) * rab_plane;
+    rab = V::kHstu && p.rab != nullptr ? static_cast<const T*>(p.rab) + rab_offset : nullptr;
+    grad_rab = V::kHstu && args.grad_rab != nullptr && split == 0 ? args.grad_rab + rab_offset : nullptr;
+    rab_shared = (p.rab_batch == 1 && p.batch > 1) || (p.rab_heads == 1 && p.heads > 1);
+    scale_per_token = V::kHstu ? p.scale_per_token : nullptr;
+    num_qblocks = (rows.nq + kBM - 1) / kBM;
+    qb_first = mask.first_query(j0) / kBM;
+    num_steps = qb_first < num_qblocks ? group * num_qblocks : 0;
+    return true;
+  }
+  HIPDLRM_DEVICE int qb_of(int t) const { return V::kHstu ? t : t % num_qblocks; }
+  HIPDLRM_DEVICE std::int64_t head_of(int t) const {
+    return static_cast<std::int64_t>(V::kHstu ? hk : hk * group + t / num_qblocks);
+  }
+  // The first step >= t that has work (num_steps when none).
+  HIPDLRM_DEVICE int next_step(int t) const {
+    while (t < num_steps) {
+      const int qb = qb_of(t);
+      if (qb < qb_first) {
+        t += qb_first - qb;
+      } else if (mask.tile_any(qb * kBM, qb * kBM + kBM, j0, j0 + kBN)) {
+        break;
+      } else {
+        ++t;
+      }
+    }
+    return t;
+  }
+};
+
 }  // namespace attention
 }  // namespace kernels
 }  // namespace hipdlrm
