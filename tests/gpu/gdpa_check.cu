@@ -221,30 +221,37 @@ __global__ void init_bf16(std::uint16_t* x, std::int64_t n, std::uint32_t seed, 
   }
 }
 
-// Forward and backward time of a dense problem (every sample max length on both sides), TFLOP/s with
-// forward FLOPs = 4 H D sum Lq Lkv and backward 2.5x that.
-void bench(attn::Activation a, const char* name, int B, int H, int D, int N) {
+// Forward and backward time of a dense problem (every sample N queries and Nkv keys, dense keys), TFLOP/s
+// with forward FLOPs = 4 H D sum Lq Lkv and backward 2.5x that. Nkv < N is the PFFN form.
+void bench(attn::Activation a, const char* name, int B, int H, int D, int N, int Nkv = 0) {
+  if (Nkv == 0) Nkv = N;
   const std::int64_t L = static_cast<std::int64_t>(B) * N, n = L * H * D;
-  std::vector<std::int64_t> off(B + 1);
+  const std::int64_t nkv = static_cast<std::int64_t>(B) * Nkv * H * D;
+  std::vector<std::int64_t> off(B + 1), kvoff(B + 1);
   for (int b = 0; b <= B; ++b) off[b] = static_cast<std::int64_t>(b) * N;
+  for (int b = 0; b <= B; ++b) kvoff[b] = static_cast<std::int64_t>(b) * Nkv;
   void* doff = dev(off.data(), off.size() * 8);
+  void* dkvoff = dev(kvoff.data(), kvoff.size() * 8);
   std::uint16_t *q, *k, *v, *o, *go, *gq, *gk, *gv;
   float* acc;
-  for (std::uint16_t** t : {&q, &k, &v, &o, &go, &gq, &gk, &gv}) CHECK_CUDA(cudaMalloc(t, n * 2));
+  for (std::uint16_t** t : {&q, &o, &go, &gq}) CHECK_CUDA(cudaMalloc(t, n * 2));
+  for (std::uint16_t** t : {&k, &v, &gk, &gv}) CHECK_CUDA(cudaMalloc(t, nkv * 2));
   CHECK_CUDA(cudaMalloc(&acc, n * 4));
   const float r = 1.7f / std::sqrt(std::sqrt(static_cast<float>(D)));
   init_bf16<<<1024, 256>>>(q, n, 1, r);
-  init_bf16<<<1024, 256>>>(k, n, 2, r);
-  init_bf16<<<1024, 256>>>(v, n, 3, 1.0f);
+  init_bf16<<<1024, 256>>>(k, nkv, 2, r);
+  init_bf16<<<1024, 256>>>(v, nkv, 3, 1.0f);
   init_bf16<<<1024, 256>>>(go, n, 4, 1.0f);
   attn::AttentionProblem p;
   p.batch = B;
   p.heads = p.kv_heads = H;
   p.dqk = p.dv = D;
-  p.max_seq_len = p.max_seq_len_kv = N;
+  p.max_seq_len = N;
+  p.max_seq_len_kv = Nkv;
   p.total_tokens = L;
-  p.seq_offsets = p.kv_offsets = static_cast<const std::int64_t*>(doff);
-  p.kv_dense_len = N;
+  p.seq_offsets = static_cast<const std::int64_t*>(doff);
+  p.kv_offsets = static_cast<const std::int64_t*>(dkvoff);
+  p.kv_dense_len = Nkv;
   p.causal = false;
   p.activation = a;
   p.dtype = attn::ElemType::kBFloat16;
@@ -267,7 +274,7 @@ void bench(attn::Activation a, const char* name, int B, int H, int D, int N) {
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
-  const double flops = 4.0 * H * D * static_cast<double>(B) * N * N;
+  const double flops = 4.0 * H * D * static_cast<double>(B) * N * Nkv;
   const int iters = 5;
   float ms[2];
   for (int pass = 0; pass < 2; ++pass) {
@@ -281,11 +288,11 @@ void bench(attn::Activation a, const char* name, int B, int H, int D, int N) {
     CHECK_CUDA(cudaEventElapsedTime(&ms[pass], e0, e1));
     ms[pass] /= iters;
   }
-  std::printf("bench gdpa %-9s bf16 B=%d H=%d D=%d N=%d: fwd %.3f ms %.1f TFLOP/s  bwd %.3f ms %.1f TFLOP/s (incl. dQ zeroing)\n",
-              name, B, H, D, N, ms[0], flops / ms[0] * 1e-9, ms[1], 2.5 * flops / ms[1] * 1e-9);
+  std::printf("bench gdpa %-9s bf16 B=%d H=%d D=%d N=%d Nkv=%d: fwd %.3f ms %.1f TFLOP/s  bwd %.3f ms %.1f TFLOP/s (incl. dQ zeroing)\n",
+              name, B, H, D, N, Nkv, ms[0], flops / ms[0] * 1e-9, ms[1], 2.5 * flops / ms[1] * 1e-9);
   for (void* t : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(o),
                   static_cast<void*>(go), static_cast<void*>(gq), static_cast<void*>(gk), static_cast<void*>(gv),
-                  static_cast<void*>(acc), doff})
+                  static_cast<void*>(acc), doff, dkvoff})
     CHECK_CUDA(cudaFree(t));
 }
 
@@ -315,6 +322,8 @@ int main(int argc, char** argv) {
       bench(attn::Activation::kFastGelu, "fast_gelu", 1152, 4, 128, n);
     }
     bench(attn::Activation::kRaw, "raw", 1152, 4, 128, 1024);
+    bench(attn::Activation::kGelu, "gelu", 1152, 4, 128, 1024, 256);  // PFFN form
+    bench(attn::Activation::kFastGelu, "fast_gelu", 1152, 4, 128, 1024, 256);
   }
   return failed == 0 ? 0 : 1;
 }

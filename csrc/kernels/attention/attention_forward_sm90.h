@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "attention_core.h"
+#include "hipdlrm/gpu/async_barrier.h"
 #include "hipdlrm/gpu/wgmma.h"
 
 namespace hipdlrm {
@@ -43,11 +44,24 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_OVERLAP_HSTU)
 #define HIPDLRM_SM90_OVERLAP_HSTU 0
 #endif
+// The warp-specialised persistent kernel (below): -DHIPDLRM_SM90_FWD_WS_{HSTU,GDPA}=0/1 choose it per op;
+// HIPDLRM_SM90_FWD_WS_BN_HSTU its key block for HSTU (64 or 128; GDPA: 128).
+#if !defined(HIPDLRM_SM90_FWD_WS_HSTU)
+#define HIPDLRM_SM90_FWD_WS_HSTU 0
+#endif
+#if !defined(HIPDLRM_SM90_FWD_WS_GDPA)
+#define HIPDLRM_SM90_FWD_WS_GDPA 0
+#endif
+#if !defined(HIPDLRM_SM90_FWD_WS_BN_HSTU)
+#define HIPDLRM_SM90_FWD_WS_BN_HSTU 64
+#endif
 template <class V>
 struct Sm90FwdTiles {
   static constexpr int kBlockN = V::kHstu ? 64 : 128;
   static constexpr int kWarpgroups = V::kHstu ? 1 : 2;
   static constexpr bool kOverlap = HIPDLRM_SM90_OVERLAP_HSTU && V::kHstu;  // three stages, S of the next block early
+  static constexpr bool kWs = V::kHstu ? HIPDLRM_SM90_FWD_WS_HSTU != 0 : HIPDLRM_SM90_FWD_WS_GDPA != 0;
+  static constexpr int kWsBlockN = V::kHstu ? HIPDLRM_SM90_FWD_WS_BN_HSTU : 128;
 };
 
 template <int kBN, int kWG, bool kOverlap>
@@ -68,16 +82,90 @@ struct Sm90FwdConfig {
 
 // Rows [row0, row0 + kRows) of a [*, row_stride] tensor (16-bit elements, `cols` valid columns, a multiple
 // of 8) into a swizzled [kRows][128] tile; rows >= row_end and columns >= cols are zero.
+// `tid` in [0, kThreads): this thread's place among the kThreads that stage the tile.
 template <int kRows, int kThreads, typename T>
 HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
-                                   std::int64_t row_stride, int cols) {
+                                   std::int64_t row_stride, int cols, int tid) {
   constexpr int kChunks = kRows * 16;  // 16-byte chunks of the 256-byte rows
-  for (int c = static_cast<int>(threadIdx.x); c < kChunks; c += kThreads) {
+  for (int c = tid; c < kChunks; c += kThreads) {
     const int r = c >> 4, chunk = c & 15;
     const std::int64_t row = row0 + r;
     const bool ok = row < row_end && chunk * 8 < cols;
     stage_copy16(tile + gpu::wgmma::swizzled_offset(r, chunk, kRows), ok ? base + row * row_stride + chunk * 8 : base,
                  ok);
+  }
+}
+template <int kRows, int kThreads, typename T>
+HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
+                                   std::int64_t row_stride, int cols) {
+  stage_swizzled<kRows, kThreads>(tile, base, row0, row_end, row_stride, cols, static_cast<int>(threadIdx.x));
+}
+
+// Scores of one warpgroup's 64 query rows (from w0; this thread's rows r0 and r0 + 8, column pair 2 t of
+// each 8) against kBN keys from j0, in the wgmma accumulator layout: alpha, rab, the activation and the
+// mask applied in place, then packed into the register A operands of O += P v.
+template <typename T, class V, int kBN>
+struct Sm90Scores {
+  using F = Act<V::kAct, kTanhActivation<T>>;
+  static constexpr int kRegs = kBN / 2, kPSteps = kBN / 16;
+  const typename V::Mask* mask;
+  const T* rab;  // [N, N] slice of this sample and head; null: none
+  float alpha;
+  int w0, r0, t, nq, nkv, rab_ld;
+
+  HIPDLRM_DEVICE void apply(float (&s)[kRegs], int j0) const {
+    if (rab == nullptr && mask->tile_all(w0, w0 + 64, j0, j0 + kBN)) {
+#pragma unroll
+      for (int e = 0; e < kRegs; ++e) s[e] = F::f(V::kHstu ? alpha * s[e] : s[e]);
+    } else if (rab == nullptr && mask->plain_causal()) {
+      // j <= i; columns past the sequence end hold zero k rows (act(0) = 0), rows past it are not stored.
+#pragma unroll
+      for (int e = 0; e < kRegs; ++e) {
+        const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
+        s[e] = j <= i ? F::f(V::kHstu ? alpha * s[e] : s[e]) : 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kRegs; ++e) {
+        const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
+        const bool inside = i < nq && j < nkv && mask->valid(i, j);
+        float x = V::kHstu ? alpha * s[e] : s[e];
+        if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * rab_ld + j]);
+        s[e] = inside ? F::f(x) : 0.0f;
+      }
+    }
+  }
+  static HIPDLRM_DEVICE void pack(const float (&s)[kRegs], std::uint32_t (&pa)[kPSteps][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kPSteps; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = gpu::Mma16<T>::pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+  }
+};
+
+// This warpgroup's 64 x 128 O tile (accumulator layout; this thread's rows r0 and r0 + 8, sample-relative)
+// scaled by the output scale and stored as pairs of columns; rows past the sequence end are not written.
+template <typename T, class V>
+HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleRows& rows, std::int64_t o_stride,
+                                 int h, int r0, int t, const float (&o)[64]) {
+  const AttentionProblem& p = args.p;
+  T* const og = static_cast<T*>(args.out) + rows.o0 * o_stride + static_cast<std::int64_t>(h) * p.dv;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int i = r0 + 8 * half;
+    if (i < rows.nq) {
+      const float scale = V::kHstu && p.scale_per_token != nullptr ? p.scale_per_token[rows.q0 + i] : p.scale_value;
+      T* const orow = og + static_cast<std::int64_t>(i) * o_stride;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int col = 8 * jj + 2 * t;
+        if (col < p.dv) {
+          const std::uint32_t packed =
+              gpu::Mma16<T>::pack2(o[4 * jj + 2 * half] * scale, o[4 * jj + 2 * half + 1] * scale);
+          *reinterpret_cast<std::uint32_t*>(orow + col) = packed;
+        }
+      }
+    }
   }
 }
 
@@ -87,7 +175,6 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
     attention_forward_sm90_kernel(AttentionForwardArgs args, int num_qblocks) {
 #if defined(HIPDLRM_WGMMA)
   using Cfg = Sm90FwdConfig<kBN, kWG, kOverlap>;
-  using F = Act<V::kAct, kTanhActivation<T>>;
   namespace wg = gpu::wgmma;
   constexpr int kBM = Cfg::kBlockM, kThreads = Cfg::kThreads;
   constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
@@ -152,36 +239,12 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
     }
     wg::commit();
   };
-  // alpha, rab, the activation and the mask, in place.
-  auto activate = [&](float (&s)[kSRegs], int j0) {
-    if (rab == nullptr && mask.tile_all(w0, w0 + 64, j0, j0 + kBN)) {
-#pragma unroll
-      for (int e = 0; e < kSRegs; ++e) s[e] = F::f(V::kHstu ? alpha * s[e] : s[e]);
-    } else if (rab == nullptr && mask.plain_causal()) {
-      // j <= i; columns past the sequence end hold zero k rows (act(0) = 0), rows past it are not stored.
-#pragma unroll
-      for (int e = 0; e < kSRegs; ++e) {
-        const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
-        s[e] = j <= i ? F::f(V::kHstu ? alpha * s[e] : s[e]) : 0.0f;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < kSRegs; ++e) {
-        const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
-        const bool inside = i < nq && j < nkv && mask.valid(i, j);
-        float x = V::kHstu ? alpha * s[e] : s[e];
-        if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
-        s[e] = inside ? F::f(x) : 0.0f;
-      }
-    }
-  };
+  const Sm90Scores<T, V, kBN> scores{&mask, rab, alpha, w0, r0, t, nq, nkv, p.max_seq_len};
+  auto activate = [&](float (&s)[kSRegs], int j0) { scores.apply(s, j0); };
   // O += P v with P = s packed into A operands and v at v_s, issued (not awaited).
   auto issue_pv = [&](const float (&s)[kSRegs], const unsigned char* v_s) {
     std::uint32_t pa[kPSteps][4];
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk)
-#pragma unroll
-      for (int r = 0; r < 4; ++r) pa[kk][r] = gpu::Mma16<T>::pack2(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+    scores.pack(s, pa);
     wg::fence();
     wg::fence_regs(o);
 #pragma unroll
@@ -263,28 +326,209 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
     }
   }
 
-  // Epilogue: scale rows and store pairs of columns; rows past the sequence end are not written.
-  T* const og = static_cast<T*>(args.out) + rows.o0 * o_stride + static_cast<std::int64_t>(h) * p.dv;
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int i = r0 + 8 * half;
-    if (i < nq) {
-      const float scale = V::kHstu && p.scale_per_token != nullptr ? p.scale_per_token[rows.q0 + i] : p.scale_value;
-      T* const orow = og + static_cast<std::int64_t>(i) * o_stride;
-#pragma unroll
-      for (int jj = 0; jj < 16; ++jj) {
-        const int col = 8 * jj + 2 * t;
-        if (col < p.dv) {
-          const std::uint32_t packed =
-              gpu::Mma16<T>::pack2(o[4 * jj + 2 * half] * scale, o[4 * jj + 2 * half + 1] * scale);
-          *reinterpret_cast<std::uint32_t*>(orow + col) = packed;
-        }
+  sm90_store_o<T, V>(args, rows, o_stride, h, r0, t, o);
+#else
+  (void)args;
+  (void)num_qblocks;
+#endif
+}
+
+// ---- warp-specialised persistent forward (Sm90FwdTiles::kWs) ------------------------------------------
+// Three warpgroups per block, one block per multiprocessor, looping over the (sample, head, 128 query rows)
+// tiles blockIdx.x, blockIdx.x + gridDim.x, ...:
+//   warpgroup 0, the producer (40 registers): stages q and the k/v blocks with cp.async into a q buffer and
+//     a ring of kStages k/v stages, each fill announced on an mbarrier when its copies land
+//     (gpu/async_barrier.h); it refills a stage once both consumers released it, and loads the next tile's q
+//     while the consumers finish the current tile.
+//   warpgroups 1 and 2, the consumers (232 registers), 64 query rows each: per key block j a turn issues
+//     S(j) = q k^T and then O += P(j-1) v (the previous block's P, packed in registers), so the activation of
+//     S(j) runs while the tensor cores compute P(j-1) v; the two consumers take turns (named barriers) so
+//     one's activation also overlaps the other's matrix work. A tile of n key blocks is n + 1 turns for both
+//     consumers (a consumer whose rows the mask skips for a block takes the turn without issuing).
+// No __syncthreads in the loop: every hand-off is an mbarrier phase.
+template <int kBN>
+struct Sm90WsConfig {
+  static constexpr int kD = 128, kBlockM = 128, kBlockN = kBN, kThreads = 384;
+  static constexpr int kTileQ = kBlockM * kD * 2, kTileKV = kBlockN * kD * 2;
+  static constexpr int kStages = kBN == 128 ? 3 : 4;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kBarriers = 2 + 2 * kStages;  // q full / empty, then full / empty per stage
+  static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024 + 8 * kBarriers;
+};
+
+template <typename T, class V, int kBN>
+__global__ void __launch_bounds__(384, 1)
+    attention_forward_sm90_ws_kernel(AttentionForwardArgs args, int num_qblocks, std::int64_t num_tiles) {
+#if defined(HIPDLRM_WGMMA)
+  using Cfg = Sm90WsConfig<kBN>;
+  namespace wg = gpu::wgmma;
+  namespace mb = gpu::mbar;
+  constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
+  constexpr int kStages = Cfg::kStages;
+  constexpr int kSRegs = kBN / 2, kPSteps = kBN / 16;
+
+  extern __shared__ uint4 smem_raw[];
+  unsigned char* const smem =
+      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* const q_s = smem;
+  unsigned char* const kv_s = smem + Cfg::kTileQ;
+  std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(kv_s + kStages * 2 * Cfg::kTileKV);
+  std::uint64_t* const q_full = bars;
+  std::uint64_t* const q_empty = bars + 1;
+  std::uint64_t* const full = bars + 2;
+  std::uint64_t* const empty = bars + 2 + kStages;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    mb::init(q_full, 128);  // one cp.async arrival per producer thread
+    mb::init(q_empty, 8);   // one arrival per consumer warp
+    for (int s = 0; s < kStages; ++s) {
+      mb::init(full + s, 128);
+      mb::init(empty + s, 8);
+    }
+  }
+  __syncthreads();
+  const AttentionProblem& p = args.p;
+  auto stage_ptr = [&](int stage) -> unsigned char* { return kv_s + stage * 2 * Cfg::kTileKV; };
+
+  if (tid < 128) {
+    // ---- producer ----
+    mb::regs_release<Cfg::kProducerRegs>();
+    int fills = 0, q_fills = 0;
+    for (std::int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+      ForwardBlock<T, V> fb;
+      if (!fb.init(args, tile, num_qblocks, Cfg::kBlockM)) continue;
+      const int nkv = fb.rows.nkv, num_kblocks = (nkv + kBN - 1) / kBN;
+      mb::wait(q_empty, (q_fills & 1) ^ 1);
+      stage_swizzled<Cfg::kBlockM, 128>(q_s, fb.qg, fb.i0, fb.rows.nq, fb.q_stride, p.dqk, tid);
+      mb::arrive_when_copies_land(q_full);
+      ++q_fills;
+      for (int jb = 0; jb < num_kblocks; ++jb) {
+        if (!fb.mask.tile_any(fb.i0, fb.i0 + Cfg::kBlockM, jb * kBN, jb * kBN + kBN)) continue;
+        const int s = fills % kStages;
+        mb::wait(empty + s, ((fills / kStages) & 1) ^ 1);
+        unsigned char* const k_s = stage_ptr(s);
+        const std::int64_t row0 = static_cast<std::int64_t>(jb) * kBN;
+        stage_swizzled<kBN, 128>(k_s, fb.kg, row0, nkv, fb.k_stride, p.dqk, tid);
+        stage_swizzled<kBN, 128>(k_s + Cfg::kTileKV, fb.vg, row0, nkv, fb.v_stride, p.dv, tid);
+        mb::arrive_when_copies_land(full + s);
+        ++fills;
       }
     }
+    stage_commit();
+    stage_wait<0>();  // no thread leaves with copies in flight
+    return;
+  }
+
+  // ---- consumers ----
+  mb::regs_acquire<Cfg::kConsumerRegs>();
+  const int cw = (tid >> 7) - 1;  // consumer 0 or 1
+  const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int my_turn = 1 + cw, other_turn = 2 - cw;  // named barriers 1 and 2
+  if (cw == 1) mb::named_arrive(1, 256);           // consumer 0 takes the first turn
+  int fills = 0, q_fills = 0;
+  for (std::int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
+    ForwardBlock<T, V> fb;
+    if (!fb.init(args, tile, num_qblocks, Cfg::kBlockM)) continue;
+    const SampleRows rows = fb.rows;
+    const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0, h = fb.h;
+    const int num_kblocks = (nkv + kBN - 1) / kBN;
+    const typename V::Mask& mask = fb.mask;
+    const int w0 = i0 + 64 * cw, r0 = w0 + 16 * warp + g;
+    const Sm90Scores<T, V, kBN> scores{&mask, fb.rab, fb.alpha, w0, r0, t, nq, nkv, p.max_seq_len};
+    auto next_block = [&](int jb) {
+      while (jb < num_kblocks && !mask.tile_any(i0, i0 + Cfg::kBlockM, jb * kBN, jb * kBN + kBN)) ++jb;
+      return jb;
+    };
+    const unsigned char* const q_wg = q_s + 64 * cw * 128;
+
+    float o[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+    mb::wait(q_full, q_fills & 1);
+    ++q_fills;
+    // Turn 0 issues S of the first block, turn k both S(k) and P(k-1) v, turn n the last P v alone. The wgmma
+    // issues sit in straight-line code (no branch around them: ptxas serialises wgmma whose registers cross
+    // a divergent path), so every consumer computes S for every block of the tile's list; the mask zeroes
+    // what is outside.
+    auto issue_s = [&](float (&s)[kSRegs], int stage) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
+        const std::uint64_t db = wg::desc(stage_ptr(stage) + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
+        wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wg::commit();
+    };
+    auto issue_pv = [&](const std::uint32_t (&pa)[kPSteps][4], int stage) {
+      const unsigned char* const v_s = stage_ptr(stage) + Cfg::kTileKV;
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+        wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
+      wg::commit();
+    };
+    auto release = [&](std::uint64_t* bar) {
+      __syncwarp();
+      if (lane == 0) mb::arrive(bar);
+    };
+    int jb = next_block(0);
+    if (jb >= num_kblocks) {
+      release(q_empty);
+    } else {
+      std::uint32_t pa[kPSteps][4];
+      float s[kSRegs];
+      int stage = fills % kStages;
+      mb::wait(full + stage, (fills / kStages) & 1);
+      wg::fence_smem_for_async();
+      int jn = next_block(jb + 1);
+      mb::named_sync(my_turn, 256);
+      wg::fence();
+      issue_s(s, stage);
+      mb::named_arrive(other_turn, 256);
+      wg::wait<0>();
+      wg::fence_regs(s);
+      if (jn >= num_kblocks) release(q_empty);
+      scores.apply(s, jb * kBN);
+      scores.pack(s, pa);
+      while (jn < num_kblocks) {
+        const int prev = stage;
+        ++fills;
+        jb = jn;
+        stage = fills % kStages;
+        mb::wait(full + stage, (fills / kStages) & 1);
+        wg::fence_smem_for_async();
+        jn = next_block(jb + 1);
+        mb::named_sync(my_turn, 256);
+        wg::fence();
+        issue_s(s, stage);
+        wg::fence_regs(o);
+        issue_pv(pa, prev);
+        mb::named_arrive(other_turn, 256);
+        wg::wait<1>();  // S(jb) done
+        wg::fence_regs(s);
+        if (jn >= num_kblocks) release(q_empty);
+        scores.apply(s, jb * kBN);
+        wg::wait<0>();  // P(prev) v done: pa and the previous stage are free
+        wg::fence_regs(o);
+        release(empty + prev);
+        scores.pack(s, pa);
+      }
+      mb::named_sync(my_turn, 256);
+      wg::fence();
+      wg::fence_regs(o);
+      issue_pv(pa, stage);
+      mb::named_arrive(other_turn, 256);
+      wg::wait<0>();
+      wg::fence_regs(o);
+      release(empty + stage);
+      ++fills;
+    }
+
+    sm90_store_o<T, V>(args, rows, fb.o_stride, h, r0, t, o);
   }
 #else
   (void)args;
   (void)num_qblocks;
+  (void)num_tiles;
 #endif
 }
 
@@ -307,7 +551,23 @@ inline bool sm90_kernels_available(const AttentionProblem& p) {
 }
 
 template <typename T, class V>
+gpu::status_t launch_attention_forward_sm90_ws(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  constexpr int kBN = Sm90FwdTiles<V>::kWsBlockN;
+  using Cfg = Sm90WsConfig<kBN>;
+  const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
+  const std::int64_t tiles = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
+  if (tiles == 0) return gpu::kSuccess;
+  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_ws_kernel<T, V, kBN>, Cfg::kSmem);
+  if (st != gpu::kSuccess) return st;
+  const std::int64_t sms = gpu::device_multiprocessors(gpu::current_device());
+  const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
+  attention_forward_sm90_ws_kernel<T, V, kBN><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks, tiles);
+  return gpu::last_launch_status();
+}
+
+template <typename T, class V>
 gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  if constexpr (Sm90FwdTiles<V>::kWs) return launch_attention_forward_sm90_ws<T, V>(args, stream);
   constexpr int kBN = Sm90FwdTiles<V>::kBlockN, kWG = Sm90FwdTiles<V>::kWarpgroups;
   constexpr bool kOverlap = Sm90FwdTiles<V>::kOverlap;
   using Cfg = Sm90FwdConfig<kBN, kWG, kOverlap>;
