@@ -6,6 +6,7 @@
 //        csrc/kernels/attention/gdpa_forward.cu csrc/kernels/attention/gdpa_backward.cu -o /tmp/gdpa_check
 //   /tmp/gdpa_check            # correctness cases
 //   /tmp/gdpa_check --bench    # + timing of Meta's GDPA shape (B=1152, H=4, D=128, full length 1024, bf16)
+//   /tmp/gdpa_check --profile  # only the gelu timing at length 1024 (no checks), for Nsight Compute
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -312,6 +313,10 @@ int main(int argc, char** argv) {
       {"silu fp16 d64 broadcast_q dense kv window 9", A::kSilu, false, 64, 4, 2, {65}, {96, 96}, 9, true, true},
       {"fast_gelu bf16 d128 window 100 long", A::kFastGelu, true, 128, 1, 1, {300}, {260}, 100, false, false},
   };
+  if (argc > 1 && std::strcmp(argv[1], "--profile") == 0) {  // one shape only, for a profiler
+    bench(attn::Activation::kGelu, "gelu", 1152, 4, 128, 1024);
+    return 0;
+  }
   std::mt19937 rng(7);
   int failed = 0;
   for (const Case& c : cases) failed += run(c, rng) ? 0 : 1;

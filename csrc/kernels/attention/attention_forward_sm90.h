@@ -58,9 +58,6 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_FWD_WS_SNAKE)
 #define HIPDLRM_SM90_FWD_WS_SNAKE 1
 #endif
-#if !defined(HIPDLRM_SM90_FWD_WS_FLAT)
-#define HIPDLRM_SM90_FWD_WS_FLAT 0
-#endif
 template <class V>
 struct Sm90FwdTiles {
   static constexpr int kBlockN = V::kHstu ? 64 : 128;
@@ -382,7 +379,6 @@ template <typename T, class V, int kBN>
 __global__ void __launch_bounds__(384, 1)
     attention_forward_sm90_ws_kernel(AttentionForwardArgs args, int num_qblocks, std::int64_t num_tiles) {
 #if defined(HIPDLRM_WGMMA)
-  constexpr bool kFlat = HIPDLRM_SM90_FWD_WS_FLAT != 0;
   using Cfg = Sm90WsConfig<kBN>;
   namespace wg = gpu::wgmma;
   namespace mb = gpu::mbar;
@@ -448,94 +444,12 @@ __global__ void __launch_bounds__(384, 1)
   const int warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
   const int my_turn = 1 + cw, other_turn = 2 - cw;  // named barriers 1 and 2
   if (cw == 1) mb::named_arrive(1, 256);           // consumer 0 takes the first turn
-  const unsigned char* const q_wg = q_s + 64 * cw * 128;
   int fills = 0, q_fills = 0;
-
-  // Items are the (tile, key block) pairs of this block's tiles in order. A turn issues S of one item and
-  // P v of the one before (pending in pa), so with kFlat the last P v of a tile shares its turn with the
-  // first S of the next, and the tile's O is stored when that P v is done; otherwise (and before a tile
-  // without keys, and after the last tile) a turn of P v alone drains it. The wgmma issues and their waits
-  // sit together in straight-line code per turn kind (ptxas serialises wgmma whose registers cross a
-  // divergent path), so every consumer computes S for every block of the tile's list; the mask zeroes what
-  // is outside its rows.
-  float o[64];
-#pragma unroll
-  for (int e = 0; e < 64; ++e) o[e] = 0.0f;
-  std::uint32_t pa[kPSteps][4];
-  float s[kSRegs];
-  bool pend = false, pend_last = false;  // pa holds P of an item whose P v is not issued yet
-  int pend_stage = 0;
-  // Where the O being accumulated goes: this thread's first row (r0) of it, the row stride, how many of the
-  // rows r0 and r0 + 8 exist (0, 1, 2) and their output scales.
-  T* o_row = nullptr;
-  int o_ld = 0, o_rows_here = 0;
-  float o_scale0 = 0.0f, o_scale1 = 0.0f;
-  auto issue_s = [&](const unsigned char* kv) {
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
-      const std::uint64_t db = wg::desc(kv + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
-      wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
-    }
-    wg::commit();
-  };
-  auto issue_pv = [&](const unsigned char* kv) {
-    const unsigned char* const v_s = kv + Cfg::kTileKV;
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk)
-      wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
-    wg::commit();
-  };
-  auto release = [&](std::uint64_t* bar) {
-    __syncwarp();
-    if (lane == 0) mb::arrive(bar);
-  };
-  auto store_o = [&]() {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      if (half < o_rows_here) {
-        const float scale = half == 0 ? o_scale0 : o_scale1;
-        T* const orow = o_row + static_cast<std::int64_t>(8 * half) * o_ld;
-#pragma unroll
-        for (int jj = 0; jj < 16; ++jj) {
-          const int col = 8 * jj + 2 * t;
-          if (col < p.dv) {
-            *reinterpret_cast<std::uint32_t*>(orow + col) =
-                gpu::Mma16<T>::pack2(o[4 * jj + 2 * half] * scale, o[4 * jj + 2 * half + 1] * scale);
-          }
-        }
-      }
-    }
-#pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
-  };
-  // The O of the tile at hand (sample rows `rows`, head h, this thread's first row r0).
-  auto set_o_target = [&](const SampleRows& rows, std::int64_t ld, int h, int r0) {
-    o_row = static_cast<T*>(args.out) + (rows.o0 + r0) * ld + static_cast<std::int64_t>(h) * p.dv;
-    o_ld = static_cast<int>(ld);
-    o_rows_here = r0 >= rows.nq ? 0 : (r0 + 8 >= rows.nq ? 1 : 2);
-    const bool per_token = V::kHstu && p.scale_per_token != nullptr;
-    o_scale0 = per_token && o_rows_here > 0 ? p.scale_per_token[rows.q0 + r0] : p.scale_value;
-    o_scale1 = per_token && o_rows_here > 1 ? p.scale_per_token[rows.q0 + r0 + 8] : p.scale_value;
-  };
-  auto drain = [&]() {  // a turn of the pending P v alone, then the store of its tile
-    mb::named_sync(my_turn, 256);
-    wg::fence();
-    wg::fence_regs(o);
-    issue_pv(stage_ptr(pend_stage));
-    mb::named_arrive(other_turn, 256);
-    wg::wait<0>();
-    wg::fence_regs(o);
-    release(empty + pend_stage);
-    store_o();
-    pend = false;
-  };
-
   for (std::int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     ForwardBlock<T, V> fb;
     if (!fb.init(args, sm90_tile_order(tile, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
     const SampleRows rows = fb.rows;
-    const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0;
+    const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0, h = fb.h;
     const int num_kblocks = (nkv + kBN - 1) / kBN;
     const typename V::Mask& mask = fb.mask;
     const int w0 = i0 + 64 * cw, r0 = w0 + 16 * warp + g;
@@ -544,76 +458,92 @@ __global__ void __launch_bounds__(384, 1)
       while (jb < num_kblocks && !mask.tile_any(i0, i0 + Cfg::kBlockM, jb * kBN, jb * kBN + kBN)) ++jb;
       return jb;
     };
+    const unsigned char* const q_wg = q_s + 64 * cw * 128;
+
+    float o[64];
+#pragma unroll
+    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
     mb::wait(q_full, q_fills & 1);
     ++q_fills;
+    // Turn 0 issues S of the first block, turn k both S(k) and P(k-1) v, turn n the last P v alone. The wgmma
+    // issues sit in straight-line code (no branch around them: ptxas serialises wgmma whose registers cross
+    // a divergent path), so every consumer computes S for every block of the tile's list; the mask zeroes
+    // what is outside.
+    auto issue_s = [&](float (&s)[kSRegs], int stage) {
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
+        const std::uint64_t db = wg::desc(stage_ptr(stage) + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
+        wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
+      }
+      wg::commit();
+    };
+    auto issue_pv = [&](const std::uint32_t (&pa)[kPSteps][4], int stage) {
+      const unsigned char* const v_s = stage_ptr(stage) + Cfg::kTileKV;
+#pragma unroll
+      for (int kk = 0; kk < kPSteps; ++kk)
+        wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
+      wg::commit();
+    };
+    auto release = [&](std::uint64_t* bar) {
+      __syncwarp();
+      if (lane == 0) mb::arrive(bar);
+    };
     int jb = next_block(0);
-    if (jb >= num_kblocks) {  // no keys: O = 0
+    if (jb >= num_kblocks) {
       release(q_empty);
-      if (pend) drain();
-      set_o_target(rows, fb.o_stride, fb.h, r0);
-      store_o();
-      continue;
-    }
-    bool more = true;
-    if (!pend) {  // nothing pending: a turn of S alone
-      const int stage = fills % kStages;
+    } else {
+      std::uint32_t pa[kPSteps][4];
+      float s[kSRegs];
+      int stage = fills % kStages;
       mb::wait(full + stage, (fills / kStages) & 1);
       wg::fence_smem_for_async();
-      const int jn = next_block(jb + 1);
-      const bool last = jn >= num_kblocks;
+      int jn = next_block(jb + 1);
       mb::named_sync(my_turn, 256);
       wg::fence();
-      issue_s(stage_ptr(stage));
+      issue_s(s, stage);
       mb::named_arrive(other_turn, 256);
       wg::wait<0>();
       wg::fence_regs(s);
-      if (last) release(q_empty);
+      if (jn >= num_kblocks) release(q_empty);
       scores.apply(s, jb * kBN);
-      set_o_target(rows, fb.o_stride, fb.h, r0);
       scores.pack(s, pa);
-      pend = true;
-      pend_last = last;
-      pend_stage = stage;
-      ++fills;
-      more = !last;
-      jb = jn;
-    } else {
-      // (kFlat) the first block of this tile shares its turn with the previous tile's last P v
-      pend_last = true;
-    }
-    while (more) {
-      const int stage = fills % kStages;
-      mb::wait(full + stage, (fills / kStages) & 1);
-      wg::fence_smem_for_async();
-      const int jn = next_block(jb + 1);
-      const bool last = jn >= num_kblocks;
+      while (jn < num_kblocks) {
+        const int prev = stage;
+        ++fills;
+        jb = jn;
+        stage = fills % kStages;
+        mb::wait(full + stage, (fills / kStages) & 1);
+        wg::fence_smem_for_async();
+        jn = next_block(jb + 1);
+        mb::named_sync(my_turn, 256);
+        wg::fence();
+        issue_s(s, stage);
+        wg::fence_regs(o);
+        issue_pv(pa, prev);
+        mb::named_arrive(other_turn, 256);
+        wg::wait<1>();  // S(jb) done
+        wg::fence_regs(s);
+        if (jn >= num_kblocks) release(q_empty);
+        scores.apply(s, jb * kBN);
+        wg::wait<0>();  // P(prev) v done: pa and the previous stage are free
+        wg::fence_regs(o);
+        release(empty + prev);
+        scores.pack(s, pa);
+      }
       mb::named_sync(my_turn, 256);
       wg::fence();
-      issue_s(stage_ptr(stage));
       wg::fence_regs(o);
-      issue_pv(stage_ptr(pend_stage));
+      issue_pv(pa, stage);
       mb::named_arrive(other_turn, 256);
-      wg::wait<1>();  // S done
-      wg::fence_regs(s);
-      if (last) release(q_empty);
-      scores.apply(s, jb * kBN);
-      wg::wait<0>();  // the pending P v done: pa and its stage are free
+      wg::wait<0>();
       wg::fence_regs(o);
-      release(empty + pend_stage);
-      scores.pack(s, pa);
-      if (pend_last) {  // (kFlat) it was the previous tile's last: that tile is complete
-        store_o();
-        set_o_target(rows, fb.o_stride, fb.h, r0);
-      }
-      pend_last = last;
-      pend_stage = stage;
+      release(empty + stage);
       ++fills;
-      more = !last;
-      jb = jn;
     }
-    if (!kFlat) drain();
+
+    sm90_store_o<T, V>(args, rows, fb.o_stride, h, r0, t, o);
   }
-  if (pend) drain();
 #else
   (void)args;
   (void)num_qblocks;
