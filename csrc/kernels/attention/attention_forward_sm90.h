@@ -1,5 +1,9 @@
 // Hopper (sm_90a) forward of the pointwise-activation attention core at head dim 128 (HSTU and GDPA: the
-// same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma).
+// same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma). Two kernels:
+// the warp-specialised persistent one further below (attention_forward_sm90_ws_kernel: a producer
+// warpgroup, mbarriers, two consumer warpgroups taking turns), the default for both ops, and the first
+// one (attention_forward_sm90_kernel), kept for A/B with -DHIPDLRM_SM90_FWD_WS_{HSTU,GDPA}=0 and described
+// here:
 //
 // One block of one or two warpgroups per (sample, query head, 64 or 128 query rows); warpgroup w owns 64
 // rows. q is staged once; k and v blocks of kBN keys stream through two shared-memory stages (three with the
@@ -44,8 +48,12 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_OVERLAP_HSTU)
 #define HIPDLRM_SM90_OVERLAP_HSTU 0
 #endif
-// The warp-specialised persistent kernel (below): -DHIPDLRM_SM90_FWD_WS_{HSTU,GDPA}=0/1 choose it per op;
-// HIPDLRM_SM90_FWD_WS_BN_HSTU its key block for HSTU (64 or 128; GDPA: 128).
+// The warp-specialised persistent kernel (below): -DHIPDLRM_SM90_FWD_WS_{HSTU,GDPA}=0/1 choose it per op
+// (default 1); HIPDLRM_SM90_FWD_WS_BN_HSTU its key block for HSTU (64 or 128, default 128; GDPA: 128);
+// HIPDLRM_SM90_FWD_WS_SNAKE its tile order. Kernel-only on the H200, TFLOP/s, HSTU causal N = 1024 / 2048 /
+// 4096 and GDPA N = 1024 gelu / fast_gelu / raw (docs/attention.md has the runs): first kernel 200 / 231 /
+// 249 and 274 / 318 / 384; warp-specialised with 64-key HSTU blocks 211 / 280 / 323 and 322 / 377 / 447;
+// 128-key HSTU blocks 235 / 320 / 367; with the snake order 283 / 333 / 359 and 325 / 385 / 439.
 #if !defined(HIPDLRM_SM90_FWD_WS_HSTU)
 #define HIPDLRM_SM90_FWD_WS_HSTU 1
 #endif
