@@ -201,7 +201,7 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
   const AttentionProblem& p = args.p;
   ForwardBlock<T, V> fb;
   if (!fb.init(args, blockIdx.x, num_qblocks, kBM)) return;
-  const int h = fb.h, b = fb.b;
+  const int h = fb.h;
   const SampleRows rows = fb.rows;
   const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0;
   const typename V::Mask mask = fb.mask;
