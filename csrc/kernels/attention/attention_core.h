@@ -295,6 +295,54 @@ struct Act<Activation::kFastGelu, kTanh> {
   }
 };
 
+// ---- forward-only forms with a constant gain ----------------------------------------------------------
+// The Hopper forward evaluates act(a s) for its scores s through ActFwd<A, kTanh>: y = prescale(a) s, then
+// f(y) = kGain act(a s). kGain (1 or 2, a power of two) is folded into the output scale, so the products
+// see act exactly up to that factor, and the constants the forms would spend instructions on are folded
+// in: GeLU (both forms) as x (1 + tanh(.)) = 2 gelu(x), saving the halving of x and, for the erf form, the
+// scaling by 1/sqrt 2 (folded into its polynomial); SiLU as h + h tanh(h) with h = (a / 2) s, so HSTU's
+// alpha and the halving are one multiply. Other activations, non-tanh builds and -DHIPDLRM_NO_ACT_FOLD
+// (for A/B): Act::f with gain 1.
+template <Activation A, bool kTanh>
+struct ActFwd {
+  static constexpr float kGain = 1.0f;
+  HIPDLRM_DEVICE static float prescale(float a) { return a; }
+  HIPDLRM_DEVICE static float f(float y) { return Act<A, kTanh>::f(y); }
+};
+#if defined(HIPDLRM_HAS_FAST_TANH) && !defined(HIPDLRM_NO_ACT_FOLD)
+template <>
+struct ActFwd<Activation::kSilu, true> {
+  static constexpr float kGain = 1.0f;
+  HIPDLRM_DEVICE static float prescale(float a) { return 0.5f * a; }
+  HIPDLRM_DEVICE static float f(float h) { return fmaf(h, gpu::fast_tanh(h), h); }
+};
+// 2 gelu(x) = x (1 + erf(x / sqrt 2)), erf(x / sqrt 2) = tanh(x q(x^2)) with q(y) = p(y / 2) / sqrt 2 for the
+// p of Act<kGelu>::f (coefficient k divided by 2^k sqrt 2, rounded to fp32): the same fit, the same
+// |erf error| <= 1.6e-5; q >= 0.798 everywhere, so tanh saturates beyond the fitted range as erf does.
+template <>
+struct ActFwd<Activation::kGelu, true> {
+  static constexpr float kGain = 2.0f;
+  HIPDLRM_DEVICE static float prescale(float a) { return a; }
+  HIPDLRM_DEVICE static float f(float x) {
+    const float x2 = x * x;
+    const float q =
+        0.7978836894035339f +
+        x2 * (0.03634371608495712f + x2 * (-4.856444138567895e-05f + x2 * (-4.70811064587906e-05f +
+                                                                           x2 * 2.242639993710327e-06f)));
+    return fmaf(x, gpu::fast_tanh(x * q), x);
+  }
+};
+// 2 gelu_tanh(x) = x (1 + tanh(z)), z = sqrt(2/pi) (x + 0.044715 x^3).
+template <>
+struct ActFwd<Activation::kFastGelu, true> {
+  static constexpr float kGain = 2.0f;
+  static constexpr float kC1 = 0.7978845608028654f;             // sqrt(2/pi)
+  static constexpr float kC3 = 0.7978845608028654f * 0.044715f;  // sqrt(2/pi) * 0.044715
+  HIPDLRM_DEVICE static float prescale(float a) { return a; }
+  HIPDLRM_DEVICE static float f(float x) { return fmaf(x, gpu::fast_tanh(x * fmaf(kC3, x * x, kC1)), x); }
+};
+#endif
+
 // ---- program order ----------------------------------------------------------------------------------------
 // MI300/MI350 in SPX mode place workgroup p on XCD p mod 8, each XCD with a private L2. Renumber so that
 // XCD x runs a contiguous range of tiles (neighbouring tiles share k/v rows). A permutation of [0, total);

@@ -117,32 +117,35 @@ HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int6
 // mask applied in place, then packed into the register A operands of O += P v.
 template <typename T, class V, int kBN>
 struct Sm90Scores {
-  using F = Act<V::kAct, kTanhActivation<T>>;
+  using G = ActFwd<V::kAct, kTanhActivation<T>>;  // G::kGain x the activation (attention_core.h)
   static constexpr int kRegs = kBN / 2, kPSteps = kBN / 16;
   const typename V::Mask* mask;
   const T* rab;  // [N, N] slice of this sample and head; null: none
   float alpha;
   int w0, r0, t, nq, nkv, rab_ld;
 
+  // P = G::kGain act(alpha s + rab), masked; the output scale divides by G::kGain.
   HIPDLRM_DEVICE void apply(float (&s)[kRegs], int j0) const {
+    const float pre = G::prescale(V::kHstu ? alpha : 1.0f);
     if (rab == nullptr && mask->tile_all(w0, w0 + 64, j0, j0 + kBN)) {
 #pragma unroll
-      for (int e = 0; e < kRegs; ++e) s[e] = F::f(V::kHstu ? alpha * s[e] : s[e]);
+      for (int e = 0; e < kRegs; ++e) s[e] = G::f(pre * s[e]);
     } else if (rab == nullptr && mask->plain_causal()) {
       // j <= i; columns past the sequence end hold zero k rows (act(0) = 0), rows past it are not stored.
 #pragma unroll
       for (int e = 0; e < kRegs; ++e) {
         const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
-        s[e] = j <= i ? F::f(V::kHstu ? alpha * s[e] : s[e]) : 0.0f;
+        s[e] = j <= i ? G::f(pre * s[e]) : 0.0f;
       }
     } else {
+      const float pre1 = G::prescale(1.0f);
 #pragma unroll
       for (int e = 0; e < kRegs; ++e) {
         const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
         const bool inside = i < nq && j < nkv && mask->valid(i, j);
         float x = V::kHstu ? alpha * s[e] : s[e];
         if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * rab_ld + j]);
-        s[e] = inside ? F::f(x) : 0.0f;
+        s[e] = inside ? G::f(pre1 * x) : 0.0f;
       }
     }
   }
@@ -165,7 +168,9 @@ HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleR
   for (int half = 0; half < 2; ++half) {
     const int i = r0 + 8 * half;
     if (i < rows.nq) {
-      const float scale = V::kHstu && p.scale_per_token != nullptr ? p.scale_per_token[rows.q0 + i] : p.scale_value;
+      constexpr float kInvGain = 1.0f / ActFwd<V::kAct, kTanhActivation<T>>::kGain;  // exact: a power of two
+      const float scale =
+          kInvGain * (V::kHstu && p.scale_per_token != nullptr ? p.scale_per_token[rows.q0 + i] : p.scale_value);
       T* const orow = og + static_cast<std::int64_t>(i) * o_stride;
 #pragma unroll
       for (int jj = 0; jj < 16; ++jj) {
