@@ -352,15 +352,17 @@ __global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
 // ---- warp-specialised persistent forward (Sm90FwdTiles::kWs) ------------------------------------------
 // Three warpgroups per block, one block per multiprocessor, looping over the (sample, head, 128 query rows)
 // tiles blockIdx.x, blockIdx.x + gridDim.x, ...:
-//   warpgroup 0, the producer (24 registers): stages q and the k/v blocks with cp.async into a q buffer and
+//   warpgroup 0, the producer (40 registers after setmaxnreg): stages q and the k/v blocks with cp.async into a q buffer and
 //     a ring of kStages k/v stages, each fill announced on an mbarrier when its copies land
 //     (gpu/async_barrier.h); it refills a stage once both consumers released it, and loads the next tile's q
 //     while the consumers finish the current tile.
-//   warpgroups 1 and 2, the consumers (240 registers), 64 query rows each: per key block j a turn issues
+//   warpgroups 1 and 2, the consumers (232 registers), 64 query rows each: per key block j a turn issues
 //     S(j) = q k^T and then O += P(j-1) v (the previous block's P, packed in registers), so the activation of
 //     S(j) runs while the tensor cores compute P(j-1) v; the two consumers take turns (named barriers) so
 //     one's activation also overlaps the other's matrix work. A tile of n key blocks is n + 1 turns for both
-//     consumers (a consumer whose rows the mask skips for a block takes the turn without issuing).
+//     consumers; both compute S for every key block of the tile's list (the mask zeroes what is outside a
+//     consumer's rows), so that the turns stay balanced and the wgmma issues need no branch.
+// Tiles come in the order of sm90_tile_order (a snake over rounds of gridDim.x tiles).
 // No __syncthreads in the loop: every hand-off is an mbarrier phase.
 template <int kBN>
 struct Sm90WsConfig {
