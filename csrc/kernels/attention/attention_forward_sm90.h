@@ -584,9 +584,8 @@ inline bool sm90_kernels_available(const AttentionProblem& p) {
 #endif
 }
 
-template <typename T, class V>
-gpu::status_t launch_attention_forward_sm90_ws(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  constexpr int kBN = Sm90FwdTiles<V>::kWsBlockN;
+template <typename T, class V, int kBN>
+gpu::status_t launch_attention_forward_sm90_ws_bn(const AttentionForwardArgs& args, gpu::stream_t stream) {
   using Cfg = Sm90WsConfig<kBN>;
   const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const std::int64_t tiles = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
@@ -597,6 +596,23 @@ gpu::status_t launch_attention_forward_sm90_ws(const AttentionForwardArgs& args,
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
   attention_forward_sm90_ws_kernel<T, V, kBN><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks, tiles);
   return gpu::last_launch_status();
+}
+
+// GDPA with short key sequences (max_seq_len_kv <= HIPDLRM_SM90_FWD_WS_SHORT_KV, e.g. PFFN's 256) can take
+// 64-key blocks: a tile of two 128-key blocks spends a third of its turns filling and draining the
+// S / P v pipeline, one of four 64-key blocks a fifth. 0 (the default): off.
+#if !defined(HIPDLRM_SM90_FWD_WS_SHORT_KV)
+#define HIPDLRM_SM90_FWD_WS_SHORT_KV 0
+#endif
+template <typename T, class V>
+gpu::status_t launch_attention_forward_sm90_ws(const AttentionForwardArgs& args, gpu::stream_t stream) {
+#if HIPDLRM_SM90_FWD_WS_SHORT_KV > 0
+  if constexpr (!V::kHstu) {
+    const int kv_len = args.p.max_seq_len_kv > 0 ? args.p.max_seq_len_kv : args.p.max_seq_len;
+    if (kv_len <= HIPDLRM_SM90_FWD_WS_SHORT_KV) return launch_attention_forward_sm90_ws_bn<T, V, 64>(args, stream);
+  }
+#endif
+  return launch_attention_forward_sm90_ws_bn<T, V, Sm90FwdTiles<V>::kWsBlockN>(args, stream);
 }
 
 template <typename T, class V>
