@@ -161,6 +161,7 @@ bool run(const Case& c, std::mt19937& rng) {
   p.max_seq_len = max_q;
   p.max_seq_len_kv = max_kv;
   p.total_tokens = Lq;
+  p.total_kv_tokens = Lkv;
   p.seq_offsets = static_cast<const std::int64_t*>(dqoff);
   p.kv_offsets = static_cast<const std::int64_t*>(dkvoff);
   p.kv_dense_len = c.dense_kv ? max_kv : 0;
@@ -250,6 +251,7 @@ void bench(attn::Activation a, const char* name, int B, int H, int D, int N, int
   p.max_seq_len = N;
   p.max_seq_len_kv = Nkv;
   p.total_tokens = L;
+  p.total_kv_tokens = static_cast<std::int64_t>(B) * Nkv;
   p.seq_offsets = static_cast<const std::int64_t*>(doff);
   p.kv_offsets = static_cast<const std::int64_t*>(dkvoff);
   p.kv_dense_len = Nkv;

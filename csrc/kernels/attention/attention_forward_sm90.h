@@ -25,6 +25,7 @@
 
 #include "attention_core.h"
 #include "hipdlrm/gpu/async_barrier.h"
+#include "hipdlrm/gpu/tensor_map.h"
 #include "hipdlrm/gpu/wgmma.h"
 
 namespace hipdlrm {
@@ -65,6 +66,10 @@ namespace attention {
 #endif
 #if !defined(HIPDLRM_SM90_FWD_WS_SNAKE)
 #define HIPDLRM_SM90_FWD_WS_SNAKE 1
+#endif
+// HIPDLRM_SM90_FWD_WS_TMA=1: the producer loads with TMA where it can (Sm90TmaMaps below); 0 (default): cp.async.
+#if !defined(HIPDLRM_SM90_FWD_WS_TMA)
+#define HIPDLRM_SM90_FWD_WS_TMA 0
 #endif
 template <class V>
 struct Sm90FwdTiles {
@@ -390,9 +395,21 @@ HIPDLRM_DEVICE std::int64_t sm90_tile_order(std::int64_t tile, std::int64_t num_
 #endif
 }
 
+// TMA tensor maps of q, k and v as [rows][heads * 128] (HIPDLRM_SM90_FWD_WS_TMA): with `enabled` the producer
+// loads q tiles and the k/v blocks that lie wholly inside their sequence with one thread's TMA copies; the
+// k/v block at a sequence's end keeps cp.async (whose zero fill the mask-free tiles rely on). q rows past a
+// sequence's end hold the next sequence's rows under TMA: their output rows are never stored.
+struct Sm90TmaMaps {
+#if defined(HIPDLRM_HAS_TMA_MAPS)
+  CUtensorMap q, k, v;
+#endif
+  int enabled = 0;
+};
+
 template <typename T, class V, int kBN>
 __global__ void __launch_bounds__(384, 1)
-    attention_forward_sm90_ws_kernel(AttentionForwardArgs args, int num_qblocks, std::int64_t num_tiles) {
+    attention_forward_sm90_ws_kernel(AttentionForwardArgs args, int num_qblocks, std::int64_t num_tiles,
+                                     const __grid_constant__ Sm90TmaMaps maps) {
 #if defined(HIPDLRM_WGMMA)
   using Cfg = Sm90WsConfig<kBN>;
   namespace wg = gpu::wgmma;
@@ -433,8 +450,22 @@ __global__ void __launch_bounds__(384, 1)
       if (!fb.init(args, sm90_tile_order(tile, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
       const int nkv = fb.rows.nkv, num_kblocks = (nkv + kBN - 1) / kBN;
       mb::wait(q_empty, (q_fills & 1) ^ 1);
-      stage_swizzled<Cfg::kBlockM, 128>(q_s, fb.qg, fb.i0, fb.rows.nq, fb.q_stride, p.dqk, tid);
-      mb::arrive_when_copies_land(q_full);
+#if defined(HIPDLRM_HAS_TMA_MAPS)
+      if (maps.enabled) {
+        if (tid == 0) {
+          mb::arrive_expect_tx(q_full, Cfg::kTileQ);
+          const int col = fb.h * 128, row = static_cast<int>(fb.rows.q0 + fb.i0);
+          mb::tma_load_2d(q_s, &maps.q, col, row, q_full);
+          mb::tma_load_2d(q_s + Cfg::kTileQ / 2, &maps.q, col + 64, row, q_full);
+        } else {
+          mb::arrive(q_full);
+        }
+      } else
+#endif
+      {
+        stage_swizzled<Cfg::kBlockM, 128>(q_s, fb.qg, fb.i0, fb.rows.nq, fb.q_stride, p.dqk, tid);
+        mb::arrive_when_copies_land(q_full);
+      }
       ++q_fills;
       for (int jb = 0; jb < num_kblocks; ++jb) {
         if (!fb.mask.tile_any(fb.i0, fb.i0 + Cfg::kBlockM, jb * kBN, jb * kBN + kBN)) continue;
@@ -442,6 +473,22 @@ __global__ void __launch_bounds__(384, 1)
         mb::wait(empty + s, ((fills / kStages) & 1) ^ 1);
         unsigned char* const k_s = stage_ptr(s);
         const std::int64_t row0 = static_cast<std::int64_t>(jb) * kBN;
+#if defined(HIPDLRM_HAS_TMA_MAPS)
+        if (maps.enabled && row0 + kBN <= nkv) {
+          if (tid == 0) {
+            mb::arrive_expect_tx(full + s, 2 * Cfg::kTileKV);
+            const int col = fb.hk * 128, row = static_cast<int>(fb.rows.kv0 + row0);
+            mb::tma_load_2d(k_s, &maps.k, col, row, full + s);
+            mb::tma_load_2d(k_s + Cfg::kTileKV / 2, &maps.k, col + 64, row, full + s);
+            mb::tma_load_2d(k_s + Cfg::kTileKV, &maps.v, col, row, full + s);
+            mb::tma_load_2d(k_s + Cfg::kTileKV + Cfg::kTileKV / 2, &maps.v, col + 64, row, full + s);
+          } else {
+            mb::arrive(full + s);
+          }
+          ++fills;
+          continue;
+        }
+#endif
         stage_swizzled<kBN, 128>(k_s, fb.kg, row0, nkv, fb.k_stride, p.dqk, tid);
         stage_swizzled<kBN, 128>(k_s + Cfg::kTileKV, fb.vg, row0, nkv, fb.v_stride, p.dv, tid);
         mb::arrive_when_copies_land(full + s);
@@ -563,6 +610,7 @@ __global__ void __launch_bounds__(384, 1)
   (void)args;
   (void)num_qblocks;
   (void)num_tiles;
+  (void)maps;
 #endif
 }
 
@@ -594,7 +642,24 @@ gpu::status_t launch_attention_forward_sm90_ws_bn(const AttentionForwardArgs& ar
   if (st != gpu::kSuccess) return st;
   const std::int64_t sms = gpu::device_multiprocessors(gpu::current_device());
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
-  attention_forward_sm90_ws_kernel<T, V, kBN><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks, tiles);
+  Sm90TmaMaps maps;
+#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_FWD_WS_TMA
+  {
+    const AttentionProblem& p = args.p;
+    const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
+    const std::int64_t lkv = p.total_kv_tokens > 0 ? p.total_kv_tokens : (p.kv_offsets == nullptr ? p.total_tokens : 0);
+    constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
+    maps.enabled = p.dqk == 128 && p.dv == 128 && lkv > 0 &&
+                   gpu::make_tma_map_2d(&maps.q, args.q, kBf16, std::uint64_t(p.heads) * 128, p.total_tokens,
+                                        std::uint64_t(p.heads) * 128, Cfg::kBlockM) &&
+                   gpu::make_tma_map_2d(&maps.k, args.k, kBf16, std::uint64_t(kv_heads) * 128, lkv,
+                                        std::uint64_t(kv_heads) * 128, kBN) &&
+                   gpu::make_tma_map_2d(&maps.v, args.v, kBf16, std::uint64_t(kv_heads) * 128, lkv,
+                                        std::uint64_t(kv_heads) * 128, kBN);
+  }
+#endif
+  attention_forward_sm90_ws_kernel<T, V, kBN>
+      <<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks, tiles, maps);
   return gpu::last_launch_status();
 }
 

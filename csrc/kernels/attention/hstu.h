@@ -54,6 +54,8 @@ struct AttentionProblem {
   // ---- GDPA (the HSTU launchers ignore these; their defaults describe self-attention) ----
   int kv_heads = 0;                       // Hkv, dividing H; 0: H
   int max_seq_len_kv = 0;                 // every key sequence has at most this many rows; 0: max_seq_len
+  std::int64_t total_kv_tokens = 0;       // Lkv: rows of k and v; 0: not given (then total_tokens if kv_offsets
+                                          // is null, else unknown)
   const std::int64_t* kv_offsets = nullptr;  // key offsets [B + 1], device; null: seq_offsets
   int kv_dense_len = 0;                   // > 0: sample b's keys are rows [b * len, (b + 1) * len) (dense KV);
                                           // kv_offsets is then not read

@@ -61,6 +61,7 @@ ka::AttentionProblem make_problem(const at::Tensor& query, const GdpaOptions& o,
   p.max_seq_len = static_cast<int>(o.max_seq_len_q);
   p.max_seq_len_kv = static_cast<int>(o.max_seq_len_kv);
   p.total_tokens = layout.q_tokens;
+  p.total_kv_tokens = layout.kv_tokens;
   storage.query_offset = o.query_offset.to(at::kLong).contiguous();
   storage.key_offset = o.key_offset.to(at::kLong).contiguous();
   p.seq_offsets = storage.query_offset.data_ptr<std::int64_t>();

@@ -53,6 +53,22 @@ HIPDLRM_DEVICE void wait(std::uint64_t* bar, int parity) {
       : "memory");
 }
 
+// One arrival that also announces `bytes` of asynchronous copies (TMA) the phase must wait for.
+HIPDLRM_DEVICE void arrive_expect_tx(std::uint64_t* bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+
+// TMA: the box at (column c0, row c1) of the 2D tensor map `map` (a __grid_constant__ kernel parameter) into
+// shared memory at `dst`, completing its bytes on `bar`.
+HIPDLRM_DEVICE void tma_load_2d(void* dst, const void* map, int c0, int c1, std::uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
+          smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: sync waits, arrive does not.
 HIPDLRM_DEVICE void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
