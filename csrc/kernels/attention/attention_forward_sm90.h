@@ -25,6 +25,7 @@
 
 #include "attention_core.h"
 #include "hipdlrm/gpu/async_barrier.h"
+#include "hipdlrm/gpu/launch.h"
 #include "hipdlrm/gpu/tensor_map.h"
 #include "hipdlrm/gpu/wgmma.h"
 
@@ -379,16 +380,13 @@ struct Sm90WsConfig {
   static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024 + 8 * kBarriers;
 };
 
-// The order in which a block's tiles come: tile k of block x is id x + k G (G = gridDim.x), with every other
-// round of G ids reversed (a snake), so that under a causal mask, where the query blocks of one (sample,
-// head) range from one key block to all of them, a block that got a long tile in one round gets a short one
-// in the next (HIPDLRM_SM90_FWD_WS_SNAKE=0: plain round robin).
+// The order in which a block's tiles come: gpu::snake_tile (gpu/launch.h; every other round of gridDim.x
+// tiles reversed), so that under a causal mask, where the query blocks of one (sample, head) range from one
+// key block to all of them, a block that got a long tile in one round gets a short one in the next
+// (HIPDLRM_SM90_FWD_WS_SNAKE=0: plain round robin).
 HIPDLRM_DEVICE std::int64_t sm90_tile_order(std::int64_t tile, std::int64_t num_tiles) {
 #if HIPDLRM_SM90_FWD_WS_SNAKE
-  const std::int64_t grid = gridDim.x, round = tile / grid;
-  if ((round & 1) == 0) return tile;
-  const std::int64_t first = round * grid, count = num_tiles - first < grid ? num_tiles - first : grid;
-  return first + (count - 1 - (tile - first));
+  return gpu::snake_tile(tile, gridDim.x, num_tiles);
 #else
   (void)num_tiles;
   return tile;
