@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Device-machine helper (one call): build the extension (and the standalone GDPA check for sm_90a at
 # once), pytest test_attention / test_gdpa, the HSTU d128 and GDPA N=1024 benchmarks (results under $OUT),
-# then, where Nsight Compute exists, a profile of the GDPA gelu forward kernel at N = 1024.
+# (FULL_GDPA=1: the whole GDPA workload), then, unless SKIP_NCU=1 and where Nsight Compute exists, a profile of the GDPA gelu forward kernel at N = 1024.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
@@ -18,8 +18,13 @@ for fam in attention gdpa; do
 done
 rev=${HIPDLRM_GIT_REVISION:-local}
 python3 benchmarks/attention.py --head-dims 128 --iters 10 --warmup 3 --out "$OUT/attention-cuda-h200-d128-$rev.json" 2>&1 | tail -20
-python3 benchmarks/attention.py --op gdpa --seq-lens 1024 --sparsities 1.0 --out "$OUT/gdpa-cuda-h200-n1024-$rev.json" 2>&1 | tail -16
+if [ -n "${FULL_GDPA:-}" ]; then  # Meta's whole GDPA workload (lengths 256-2048, sparsity 0.5 and 1.0, PFFN)
+  timeout 300 python3 benchmarks/attention.py --op gdpa --out "$OUT/gdpa-cuda-h200-$rev.json" 2>&1 | tail -40
+else
+  python3 benchmarks/attention.py --op gdpa --seq-lens 1024 --sparsities 1.0 --out "$OUT/gdpa-cuda-h200-n1024-$rev.json" 2>&1 | tail -16
+fi
 wait
+[ -n "${SKIP_NCU:-}" ] && exit 0
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 if [ -n "$NCU" ] && [ -x /tmp/gdpa_check ]; then
   timeout 90 "$NCU" --kernel-name regex:sm90_ws --launch-skip 2 --launch-count 1 --section SpeedOfLight \

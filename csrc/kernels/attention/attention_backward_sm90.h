@@ -24,7 +24,6 @@
 #include <type_traits>
 
 #include "attention_forward_sm90.h"
-#include "hipdlrm/gpu/async_barrier.h"
 #include "hipdlrm/gpu/atomics.h"
 
 namespace hipdlrm {
@@ -36,13 +35,6 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_SPLIT)
 #define HIPDLRM_SM90_BWD_SPLIT 1
 #endif
-// dQ through shared memory and TMA bulk reductions (-DHIPDLRM_SM90_BWD_DQ_BULK=1): each step's dQ tile is
-// stored to one of two fp32 [64 queries][128] buffers and one thread adds its rows to the accumulator with
-// cp.reduce.async.bulk (64 asynchronous row reductions) instead of every thread issuing 16 red.add.v2; the
-// copy engine does the additions while the warpgroups go on with the next step. 0 (default): red.add.
-#if !defined(HIPDLRM_SM90_BWD_DQ_BULK)
-#define HIPDLRM_SM90_BWD_DQ_BULK 0
-#endif
 
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
@@ -52,9 +44,7 @@ struct Sm90BwdConfig {
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
   static constexpr int kTileQ = kBlockM * kD * 2;  // bytes of one q (or dO) tile
   static constexpr int kTileS = kBlockN * kBlockM * 2;
-  static constexpr int kDqLd = kD * 4 + 16;          // bytes per fp32 dQ row in shared memory (padded)
-  static constexpr int kTileDq = HIPDLRM_SM90_BWD_DQ_BULK ? kBlockM * kDqLd : 0;
-  static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + 2 * kTileDq + 1024;  // + alignment slack
+  static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + 1024;  // + slack for 1024-byte alignment
 };
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
@@ -80,12 +70,6 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   unsigned char* const v_s = k_s + Cfg::kTileK;
   unsigned char* const stage_s = v_s + Cfg::kTileK;  // two stages of (q, dO)
   unsigned char* const ds_s = stage_s + 2 * 2 * Cfg::kTileQ;
-#if HIPDLRM_SM90_BWD_DQ_BULK
-  unsigned char* const dq_s = ds_s + Cfg::kTileS;  // two dQ buffers
-  int dq_buf = 0, dq_i0 = 0;
-  std::int64_t dq_h = 0;
-  bool dq_pending = false;
-#endif
 
   const AttentionProblem& p = args.p;
   BackwardBlock<T, V, kBM, kBN> bb;
@@ -267,22 +251,6 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       wg::fence_regs(dq);
       wg::fence_regs(dv);
       wg::fence_regs(dk);
-#if HIPDLRM_SM90_BWD_DQ_BULK
-      unsigned char* const buf = dq_s + dq_buf * Cfg::kTileDq;
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        unsigned char* const row = buf + (16 * warp + g + 8 * half) * Cfg::kDqLd;
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj) {
-          const int col = 64 * wgi + 8 * jj + 2 * t4;
-          *reinterpret_cast<float2*>(row + 4 * col) =
-              make_float2(alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]);
-        }
-      }
-      dq_pending = true;
-      dq_i0 = i0;
-      dq_h = h;
-#else
       float* const dqa = bb.dqa0 + h * p.dqk;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -299,7 +267,6 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           }
         }
       }
-#endif
     } else {
       wg::wait<0>();
       wg::fence_regs(dv);
@@ -308,29 +275,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 
     stage_wait<0>();
     wg::fence_smem_for_async();
-    __syncthreads();  // next q/dO landed; this step's q/dO and dS free (and its dQ tile written)
-#if HIPDLRM_SM90_BWD_DQ_BULK
-    if (dq_pending) {
-      if (tid == 0) {
-        float* const dqa = bb.dqa0 + dq_h * p.dqk;
-        const unsigned char* const buf = dq_s + dq_buf * Cfg::kTileDq;
-        for (int r = 0; r < kBM && dq_i0 + r < nq; ++r) {
-          gpu::mbar::bulk_reduce_add_f32(dqa + static_cast<std::int64_t>(dq_i0 + r) * bb.q_stride, buf + r * Cfg::kDqLd,
-                                         4 * p.dqk);
-        }
-        gpu::mbar::bulk_commit();
-        gpu::mbar::bulk_wait_read<1>();  // the other buffer's reductions have read it: the next step may write it
-      }
-      dq_buf ^= 1;
-      dq_pending = false;
-    }
-#endif
+    __syncthreads();  // next q/dO landed; this step's q/dO and dS free
     stage ^= 1;
     t = tn;
   }
-#if HIPDLRM_SM90_BWD_DQ_BULK
-  if (tid == 0) gpu::mbar::bulk_wait<0>();  // every reduction done before the block ends
-#endif
 
   // Epilogue: dK (times alpha) and dV of this thread's keys; keys past the end and padded columns not written.
   const std::int64_t k_stride = bb.k_stride, v_stride = bb.v_stride;

@@ -68,9 +68,10 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_FWD_WS_SNAKE)
 #define HIPDLRM_SM90_FWD_WS_SNAKE 1
 #endif
-// HIPDLRM_SM90_FWD_WS_TMA=1: the producer loads with TMA where it can (Sm90TmaMaps below); 0 (default): cp.async.
+// HIPDLRM_SM90_FWD_WS_TMA=1 (default): the producer loads with TMA where it can (Sm90TmaMaps below); 0: cp.async
+// only (1.3-1.4x slower on the H200: docs/attention.md).
 #if !defined(HIPDLRM_SM90_FWD_WS_TMA)
-#define HIPDLRM_SM90_FWD_WS_TMA 0
+#define HIPDLRM_SM90_FWD_WS_TMA 1
 #endif
 template <class V>
 struct Sm90FwdTiles {
@@ -661,20 +662,8 @@ gpu::status_t launch_attention_forward_sm90_ws_bn(const AttentionForwardArgs& ar
   return gpu::last_launch_status();
 }
 
-// GDPA with short key sequences (max_seq_len_kv <= HIPDLRM_SM90_FWD_WS_SHORT_KV, e.g. PFFN's 256) can take
-// 64-key blocks: a tile of two 128-key blocks spends a third of its turns filling and draining the
-// S / P v pipeline, one of four 64-key blocks a fifth. 0 (the default): off.
-#if !defined(HIPDLRM_SM90_FWD_WS_SHORT_KV)
-#define HIPDLRM_SM90_FWD_WS_SHORT_KV 0
-#endif
 template <typename T, class V>
 gpu::status_t launch_attention_forward_sm90_ws(const AttentionForwardArgs& args, gpu::stream_t stream) {
-#if HIPDLRM_SM90_FWD_WS_SHORT_KV > 0
-  if constexpr (!V::kHstu) {
-    const int kv_len = args.p.max_seq_len_kv > 0 ? args.p.max_seq_len_kv : args.p.max_seq_len;
-    if (kv_len <= HIPDLRM_SM90_FWD_WS_SHORT_KV) return launch_attention_forward_sm90_ws_bn<T, V, 64>(args, stream);
-  }
-#endif
   return launch_attention_forward_sm90_ws_bn<T, V, Sm90FwdTiles<V>::kWsBlockN>(args, stream);
 }
 

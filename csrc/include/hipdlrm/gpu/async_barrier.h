@@ -69,26 +69,6 @@ HIPDLRM_DEVICE void tma_load_2d(void* dst, const void* map, int c0, int c1, std:
       : "memory");
 }
 
-// TMA bulk reduction: adds `bytes` (a multiple of 16) of fp32 at `src` (shared memory) into `dst` (global,
-// 16-byte aligned) asynchronously, as one of this thread's bulk async-groups. The writes to `src` must be
-// made visible to the async proxy first (fence.proxy.async by the writers, then a barrier).
-HIPDLRM_DEVICE void bulk_reduce_add_f32(float* dst, const void* src, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
-               "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
-}
-HIPDLRM_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until at most kPending of this thread's bulk groups still read their shared-memory sources.
-template <int kPending>
-HIPDLRM_DEVICE void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-// Until at most kPending of this thread's bulk groups are incomplete (their writes done).
-template <int kPending>
-HIPDLRM_DEVICE void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: sync waits, arrive does not.
 HIPDLRM_DEVICE void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
