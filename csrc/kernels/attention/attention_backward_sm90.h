@@ -24,7 +24,9 @@
 #include <type_traits>
 
 #include "attention_forward_sm90.h"
+#include "hipdlrm/gpu/async_barrier.h"
 #include "hipdlrm/gpu/atomics.h"
+#include "hipdlrm/gpu/tensor_map.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -35,6 +37,16 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_SPLIT)
 #define HIPDLRM_SM90_BWD_SPLIT 1
 #endif
+// q / dO steps that lie wholly inside their sequence are loaded by one thread's TMA copies, completing on the
+// stage's mbarrier, instead of every thread's cp.async (-DHIPDLRM_SM90_BWD_TMA=0: cp.async only).
+#if !defined(HIPDLRM_SM90_BWD_TMA)
+#define HIPDLRM_SM90_BWD_TMA 1
+#endif
+// Masked tiles of a plain causal mask without rab test j <= i per element instead of evaluating the general
+// mask (-DHIPDLRM_SM90_BWD_CAUSAL_FAST=0: the general mask everywhere).
+#if !defined(HIPDLRM_SM90_BWD_CAUSAL_FAST)
+#define HIPDLRM_SM90_BWD_CAUSAL_FAST 1
+#endif
 
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
@@ -44,14 +56,24 @@ struct Sm90BwdConfig {
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
   static constexpr int kTileQ = kBlockM * kD * 2;  // bytes of one q (or dO) tile
   static constexpr int kTileS = kBlockN * kBlockM * 2;
-  static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + 1024;  // + slack for 1024-byte alignment
+  static constexpr int kBars = 64;  // the two stages' mbarriers
+  static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + kBars + 1024;  // + 1024-byte alignment slack
+};
+
+// TMA tensor maps of q and dO as [rows][heads * 128] (HIPDLRM_SM90_BWD_TMA); `enabled` is 0 where TMA cannot
+// describe them (then every load is cp.async).
+struct Sm90BwdMaps {
+#if defined(HIPDLRM_HAS_TMA_MAPS)
+  CUtensorMap q, dout;
+#endif
+  int enabled = 0;
 };
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
 
 template <typename T, class V>
 __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
-    attention_backward_sm90_kernel(AttentionBackwardArgs args, int num_kblocks) {
+    attention_backward_sm90_kernel(AttentionBackwardArgs args, int num_kblocks, const __grid_constant__ Sm90BwdMaps maps) {
 #if defined(HIPDLRM_WGMMA)
   using Cfg = Sm90BwdConfig;
   using F = Act<V::kAct, kTanhActivation<T>>;
@@ -70,6 +92,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   unsigned char* const v_s = k_s + Cfg::kTileK;
   unsigned char* const stage_s = v_s + Cfg::kTileK;  // two stages of (q, dO)
   unsigned char* const ds_s = stage_s + 2 * 2 * Cfg::kTileQ;
+  std::uint64_t* const qdo_full = reinterpret_cast<std::uint64_t*>(ds_s + Cfg::kTileS);  // one per stage
 
   const AttentionProblem& p = args.p;
   BackwardBlock<T, V, kBM, kBN> bb;
@@ -86,19 +109,52 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int kw0 = j0 + 64 * wgi;             // this warpgroup's first key
   const int kr0 = 64 * wgi + 16 * warp + g;  // this thread's key lines in the block: kr0 and kr0 + 8
-  auto stage_qdo = [&](int t, int stage) {
+  // Stages q and dO of step t into `stage`; returns whether they come by TMA (then the stage's mbarrier
+  // completes once they landed; else by this thread's cp.async, zero-filled past the sequence end).
+  auto stage_qdo = [&](int t, int stage) -> bool {
     unsigned char* const q_s = stage_s + stage * 2 * Cfg::kTileQ;
     const std::int64_t h = bb.head_of(t), row0 = static_cast<std::int64_t>(bb.qb_of(t)) * kBM;
+#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_TMA
+    if (maps.enabled && row0 + kBM <= nq) {
+      if (tid == 0) {
+        gpu::mbar::arrive_expect_tx(qdo_full + stage, 2 * Cfg::kTileQ);
+        const int col = static_cast<int>(h) * 128;
+        const int qrow = static_cast<int>(rows.q0 + row0), orow = static_cast<int>(rows.o0 + row0);
+        gpu::mbar::tma_load_2d(q_s, &maps.q, col, qrow, qdo_full + stage);
+        gpu::mbar::tma_load_2d(q_s + kBlockQ, &maps.q, col + 64, qrow, qdo_full + stage);
+        gpu::mbar::tma_load_2d(q_s + Cfg::kTileQ, &maps.dout, col, orow, qdo_full + stage);
+        gpu::mbar::tma_load_2d(q_s + Cfg::kTileQ + kBlockQ, &maps.dout, col + 64, orow, qdo_full + stage);
+      }
+      return true;
+    }
+#endif
     stage_swizzled<kBM, kThreads>(q_s, bb.q0g + h * p.dqk, row0, nq, bb.q_stride, p.dqk);
     stage_swizzled<kBM, kThreads>(q_s + Cfg::kTileQ, bb.do0g + h * p.dv, row0, nq, bb.o_stride, p.dv);
+    return false;
   };
+  unsigned qdo_phases = 0;  // bit s: the parity of stage s's next mbarrier phase
+  auto wait_qdo = [&](bool by_tma, int stage) {
+    if (by_tma) {
+      gpu::mbar::wait(qdo_full + stage, static_cast<int>((qdo_phases >> stage) & 1u));
+      qdo_phases ^= 1u << stage;
+    }
+  };
+#if HIPDLRM_SM90_BWD_TMA
+  if (tid == 0) {
+    gpu::mbar::init(qdo_full, 1);
+    gpu::mbar::init(qdo_full + 1, 1);
+  }
+  __syncthreads();
+#endif
 
   stage_swizzled<kBN, kThreads>(k_s, bb.kg, j0, nkv, bb.k_stride, p.dqk);
   stage_swizzled<kBN, kThreads>(v_s, bb.vg, j0, nkv, bb.v_stride, p.dv);
   int t = bb.next_step(0);
-  if (t < bb.num_steps) stage_qdo(t, 0);
+  bool tma_cur = false;
+  if (t < bb.num_steps) tma_cur = stage_qdo(t, 0);
   stage_commit();
   stage_wait<0>();
+  wait_qdo(tma_cur, 0);
   wg::fence_smem_for_async();
   __syncthreads();
 
@@ -112,7 +168,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   int stage = 0;
   while (t < bb.num_steps) {
     const int tn = bb.next_step(t + 1);
-    if (tn < bb.num_steps) stage_qdo(tn, stage ^ 1);
+    bool tma_next = false;
+    if (tn < bb.num_steps) tma_next = stage_qdo(tn, stage ^ 1);
     stage_commit();
     const unsigned char* const q_s = stage_s + stage * 2 * Cfg::kTileQ;
     const unsigned char* const do_s = q_s + Cfg::kTileQ;
@@ -122,6 +179,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     const bool inside_seq = !V::kHstu || (i0 + kBM <= nq && kw0 + 64 <= nkv);
     const bool full = inside_seq && rab == nullptr && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
     const bool live = full || mask.tile_any(i0, i0 + kBM, kw0, kw0 + 64);
+    // Masked tiles of a plain causal mask without rab: j <= i per element (rows and keys past the ends too).
+    const bool causal_fast = HIPDLRM_SM90_BWD_CAUSAL_FAST && !full && rab == nullptr && mask.plain_causal();
     std::uint32_t pp[4][4], px[4][4];  // P^T and dX^T as register A operands (k16 steps over the queries)
     if (live) {
       float st[32], dpt[32];
@@ -150,10 +209,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       }
       wg::fence_regs(st);
       // Element e: key line kr0 + 8 ((e >> 1) & 1), query i0 + 8 (e >> 2) + 2 t4 + (e & 1).
-      auto element = [&](int e, auto masked) {
-        constexpr bool kMasked = decltype(masked)::value;
+      // kind: 0 every element valid; 1 plain causal, no rab; 2 the general mask.
+      auto element = [&](int e, auto kind) {
+        constexpr int kKind = decltype(kind)::value;
+        constexpr bool kMasked = kKind == 2;
         const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
-        const bool inside = !kMasked || (i < nq && j < nkv && mask.valid(i, j));
+        const bool inside =
+            kKind == 0 || (i < nq && j < nkv && (kKind == 1 ? j <= i : mask.valid(i, j)));
         float x = V::kHstu ? alpha * st[e] : st[e];
         if (kMasked && rab != nullptr && inside) {
           x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
@@ -165,20 +227,22 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         st[e] = inside ? gr * s : 0.0f;  // dX = dP act'(x) s, once dP^T is in
         return inside ? a * s : 0.0f;
       };
-      auto pack_p = [&](auto masked) {
+      auto pack_p = [&](auto kind) {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
           for (int r = 0; r < 4; ++r) {
-            const float lo = element(8 * kk + 2 * r, masked);
-            const float hi = element(8 * kk + 2 * r + 1, masked);
+            const float lo = element(8 * kk + 2 * r, kind);
+            const float hi = element(8 * kk + 2 * r + 1, kind);
             pp[kk][r] = Mma::pack2(lo, hi);
           }
       };
       if (full) {
-        pack_p(std::false_type());
+        pack_p(std::integral_constant<int, 0>());
+      } else if (causal_fast) {
+        pack_p(std::integral_constant<int, 1>());
       } else {
-        pack_p(std::true_type());
+        pack_p(std::integral_constant<int, 2>());
       }
       // dV += P^T dO while dP^T finishes.
       wg::fence();
@@ -274,6 +338,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     }
 
     stage_wait<0>();
+    wait_qdo(tma_next, stage ^ 1);
     wg::fence_smem_for_async();
     __syncthreads();  // next q/dO landed; this step's q/dO and dS free
     stage ^= 1;
@@ -305,6 +370,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 #else
   (void)args;
   (void)num_kblocks;
+  (void)maps;
 #endif
 }
 
@@ -319,8 +385,19 @@ gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, 
   if (blocks == 0) return gpu::kSuccess;
   const gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_sm90_kernel<T, V>, Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
+  Sm90BwdMaps maps;
+#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_TMA
+  {
+    constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
+    const std::uint64_t cols = std::uint64_t(p.heads) * 128;
+    // broadcast_q: dO has B x (the one query sequence) rows, a count the host does not hold.
+    maps.enabled = p.dqk == 128 && p.dv == 128 && !p.broadcast_q && p.total_tokens > 0 &&
+                   gpu::make_tma_map_2d(&maps.q, args.q, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM) &&
+                   gpu::make_tma_map_2d(&maps.dout, args.grad_out, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM);
+  }
+#endif
   attention_backward_sm90_kernel<T, V>
-      <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_kblocks);
+      <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_kblocks, maps);
   return gpu::last_launch_status();
 }
 
