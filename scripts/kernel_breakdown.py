@@ -8,7 +8,7 @@ Kernel development, not a benchmark of record (benchmarks/ is). Two workloads:
         linearise, sort, segments, apply. The untimed forward that precedes each backward is profiled too
         and listed under its own kernel names.
 
-  python scripts/kernel_breakdown.py [hstu] [tbe] [--seq-len 1024] [--configs 0,1,2] [--reps 5] [--no-profiler]
+  python scripts/kernel_breakdown.py [hstu] [tbe] [--seq-len 1024] [--configs 0,1,2] [--reps 5] [--no-sr] [--no-profiler]
 
 Prints, per workload, each kernel's mean GPU time per call (us), its launches per call and its share of the
 total, and the sum. Needs a CUDA (or ROCm) device and the built extension.
@@ -80,7 +80,7 @@ def hstu(seq_len: int, reps: int) -> None:
     breakdown(f"HSTU backward B=512 H=4 D=128 N={seq_len} bf16 causal", backward, reps=reps)
 
 
-def tbe(configs: List[int], reps: int) -> None:
+def tbe(configs: List[int], reps: int, sr_off: bool = False) -> None:
     import hipdlrm
     import tbe as T
 
@@ -89,9 +89,12 @@ def tbe(configs: List[int], reps: int) -> None:
     for ci in configs:
         config = T.PAPER_CONFIGS[ci]
         module = T.make_module(config, rows, device, hipdlrm.OptimType.EXACT_ROWWISE_ADAGRAD)
+        if sr_off:
+            module.stochastic_rounding = False
         wl = T.make_workload(module, config, 1.0, rows, 1000 * ci, device)
         ours = T.training_variants(wl, device, whole_step=False)[0]
-        breakdown(f"TBE backward + rowwise Adagrad, {config.label}, uniform (forward kernels listed too)",
+        sr = "round to nearest" if sr_off or config.weights == torch.float32 else "stochastic rounding"
+        breakdown(f"TBE backward + rowwise Adagrad, {config.label}, uniform, {sr} (forward kernels listed too)",
                   ours.fn, ours.setup, reps=reps)
         del module, wl, ours
         torch.cuda.empty_cache()
@@ -103,6 +106,7 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--configs", default="0,1,2", help="comma-separated indices of benchmarks/tbe.py's configurations")
     p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--no-sr", action="store_true", help="tbe: 16-bit weights rounded to nearest, not stochastically")
     p.add_argument("--no-profiler", action="store_true",
                    help="run the calls without torch.profiler (to run under Nsight Compute, which excludes it)")
     args = p.parse_args(argv)
@@ -118,7 +122,7 @@ def main(argv=None) -> int:
     if "hstu" in args.what:
         hstu(args.seq_len, args.reps)
     if "tbe" in args.what:
-        tbe([int(c) for c in args.configs.split(",") if c], args.reps)
+        tbe([int(c) for c in args.configs.split(",") if c], args.reps, args.no_sr)
     return 0
 
 

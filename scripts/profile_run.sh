@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Device-machine helper (one call): build the extension, then where the time goes in the two operators still
-# short of their targets -- the per-kernel breakdown (torch.profiler, scripts/kernel_breakdown.py) of the HSTU
-# backward at N = 1024 and of the TBE backward (uniform fp16 configurations, fp32 for contrast), and Nsight
-# Compute profiles (stall reasons, source counters) of the HSTU wgmma backward kernel and the TBE apply kernel
+# short of their targets: the per-kernel breakdown (torch.profiler, scripts/kernel_breakdown.py) of the HSTU
+# backward at N = 1024 and of the TBE backward (uniform fp16 configurations with and without stochastic
+# rounding, in the same run; fp32 for contrast), and Nsight Compute profiles (speed of light, scheduler,
+# warp stall reasons per issued instruction) of the HSTU wgmma backward kernel and the TBE apply kernel
 # (configuration 0). Everything lands under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,17 +13,22 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-1
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
 echo "[profile] built"
 timeout 200 python3 scripts/kernel_breakdown.py hstu tbe --configs 0,1,2 > "$OUT/breakdown.txt" 2>&1
-echo "[profile] breakdown rc=$?"; cut -c1-150 "$OUT/breakdown.txt"
+echo "[profile] breakdown rc=$?"
+timeout 120 python3 scripts/kernel_breakdown.py tbe --configs 0,1 --no-sr > "$OUT/breakdown_tbe_no_sr.txt" 2>&1
+echo "[profile] breakdown (no stochastic rounding) rc=$?"
+grep -E "^==|apply_kernel|attention_backward_sm90|convert_grad_q|FillFunctor" "$OUT"/breakdown*.txt | cut -c1-170
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 [ -z "$NCU" ] && { echo "[profile] no ncu"; exit 0; }
-SECTIONS=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
-          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SourceCounters)
-timeout 150 "$NCU" --kernel-name regex:attention_backward_sm90 --launch-skip 2 --launch-count 1 "${SECTIONS[@]}" \
+ARGS=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
+      --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section SourceCounters
+      --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+      --metrics "regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active")
+timeout 150 "$NCU" --kernel-name regex:attention_backward_sm90 --launch-skip 2 --launch-count 1 "${ARGS[@]}" \
   python3 scripts/kernel_breakdown.py hstu --no-profiler --reps 1 > "$OUT/ncu_hstu_bwd_n1024.txt" 2>&1
 echo "[profile] ncu hstu rc=$?"
-timeout 150 "$NCU" --kernel-name regex:apply_kernel --launch-skip 2 --launch-count 1 "${SECTIONS[@]}" \
+timeout 150 "$NCU" --kernel-name regex:apply_kernel --launch-skip 2 --launch-count 1 "${ARGS[@]}" \
   python3 scripts/kernel_breakdown.py tbe --configs 0 --no-profiler --reps 1 > "$OUT/ncu_tbe_apply_cfg0.txt" 2>&1
 echo "[profile] ncu tbe rc=$?"
 for f in "$OUT"/ncu_*.txt; do
-  echo "== $f"; grep -E "Duration|Throughput|Busy|Issue Slots|Eligible|Active Warps|No Eligible|Registers|Spill|Stall" "$f" | head -30
+  echo "== $f"; grep -E "Duration|Issue Slots|Eligible Warps|issue_stalled|pipe_" "$f" | sort -k3 -g -r | head -24
 done
