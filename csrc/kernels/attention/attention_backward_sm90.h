@@ -154,6 +154,16 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   __syncthreads();
 #endif
 
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  unsigned long long tim[kTimSlots] = {};
+  long long tim_mark = clock64();
+  const long long tim_start = tim_mark;
+  auto tim_lap = [&](int slot) {
+    const long long now = clock64();
+    tim[slot] += static_cast<unsigned long long>(now - tim_mark);
+    tim_mark = now;
+  };
+#endif
   stage_swizzled<kBN, kThreads>(k_s, bb.kg, j0, nkv, bb.k_stride, p.dqk);
   stage_swizzled<kBN, kThreads>(v_s, bb.vg, j0, nkv, bb.v_stride, p.dv);
   int t = bb.next_step(0);
@@ -164,6 +174,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   wait_qdo(tma_cur, 0);
   wg::fence_smem_for_async();
   __syncthreads();
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  tim_lap(kTimPrologue);
+  const long long tim_walk = tim_mark;
+#endif
 
   float dk[64], dv[64];
 #pragma unroll
@@ -310,6 +324,11 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       }
     wg::fence_smem_for_async();
     __syncthreads();  // dS complete
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+    const int tim_kind = full ? 0 : (live ? 1 : 2);
+    tim[kTimSteps + tim_kind] += 1;
+    tim_lap(kTimPartA + tim_kind);
+#endif
 
     // dQ[64 q x 64 d] of head-dim half wgi = dS k over the 128 keys.
     if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && 64 * wgi < p.dqk) {
@@ -351,9 +370,15 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     wait_qdo(tma_next, stage ^ 1);
     wg::fence_smem_for_async();
     __syncthreads();  // next q/dO landed; this step's q/dO and dS free
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+    tim_lap(kTimPartB + tim_kind);
+#endif
     stage ^= 1;
     t = tn;
   }
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  tim[kTimWalk] += static_cast<unsigned long long>(tim_mark - tim_walk);
+#endif
 
   // Epilogue: dK (times alpha) and dV of this thread's keys; keys past the end and padded columns not written.
   const std::int64_t k_stride = bb.k_stride, v_stride = bb.v_stride;
@@ -377,6 +402,16 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       }
     }
   }
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  __syncthreads();
+  if (tid == 0 && args.timing != nullptr) {
+    tim_lap(kTimEpilogue);
+    tim[kTimBlocks] = 1;
+    (void)tim_start;
+#pragma unroll 1
+    for (int slot = 0; slot < kTimSlots; ++slot) atomicAdd(args.timing + slot, tim[slot]);
+  }
+#endif
 #else
   (void)args;
   (void)num_kblocks;
