@@ -53,6 +53,14 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_LEAN)
 #define HIPDLRM_SM90_BWD_LEAN 1
 #endif
+// dQ through shared memory and TMA reductions (-DHIPDLRM_SM90_BWD_DQ_TMA=1; 0, the default: red.add): each
+// warpgroup stores its alpha-scaled dQ[64 q x 64 d] into one of two fp32 buffers in the 128-byte-swizzled box
+// layout of a tensor map over grad_q_accum, and one thread adds it with two 2D bulk tensor reductions, left to
+// run while the walk goes on (the buffer is reused two steps later, after a wait for the reads). Rows past
+// the sequence end are stored as zeros (their sum into the next sequence's rows adds nothing).
+#if !defined(HIPDLRM_SM90_BWD_DQ_TMA)
+#define HIPDLRM_SM90_BWD_DQ_TMA 0
+#endif
 
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
@@ -62,8 +70,10 @@ struct Sm90BwdConfig {
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
   static constexpr int kTileQ = kBlockM * kD * 2;  // bytes of one q (or dO) tile
   static constexpr int kTileS = kBlockN * kBlockM * 2;
+  static constexpr int kTileDq = HIPDLRM_SM90_BWD_DQ_TMA ? kBlockM * kD * 4 : 0;  // one fp32 dQ buffer
   static constexpr int kBars = 64;  // the two stages' mbarriers
-  static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + kBars + 1024;  // + 1024-byte alignment slack
+  static constexpr int kSmem =
+      2 * kTileK + 2 * 2 * kTileQ + kTileS + 2 * kTileDq + kBars + 1024;  // + 1024-byte alignment slack
 };
 
 // TMA tensor maps of q and dO as [rows][heads * 128] (HIPDLRM_SM90_BWD_TMA); `enabled` is 0 where TMA cannot
@@ -71,8 +81,12 @@ struct Sm90BwdConfig {
 struct Sm90BwdMaps {
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   CUtensorMap q, dout;
+#if HIPDLRM_SM90_BWD_DQ_TMA
+  CUtensorMap dq;  // fp32 grad_q_accum as [rows][heads * 128], boxes of 32 x 64
+#endif
 #endif
   int enabled = 0;
+  int dq_enabled = 0;
 };
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
@@ -98,7 +112,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   unsigned char* const v_s = k_s + Cfg::kTileK;
   unsigned char* const stage_s = v_s + Cfg::kTileK;  // two stages of (q, dO)
   unsigned char* const ds_s = stage_s + 2 * 2 * Cfg::kTileQ;
-  std::uint64_t* const qdo_full = reinterpret_cast<std::uint64_t*>(ds_s + Cfg::kTileS);  // one per stage
+  unsigned char* const dq_s = ds_s + Cfg::kTileS;  // two dQ buffers (HIPDLRM_SM90_BWD_DQ_TMA)
+  std::uint64_t* const qdo_full = reinterpret_cast<std::uint64_t*>(dq_s + 2 * Cfg::kTileDq);  // one per stage
+  int dq_buf = 0;  // the dQ buffer of this warpgroup's next issue
+  (void)dq_buf;
 
   const AttentionProblem& p = args.p;
   BackwardBlock<T, V, kBM, kBN> bb;
@@ -344,18 +361,50 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       wg::fence_regs(dq);
       wg::fence_regs(dv);
       wg::fence_regs(dk);
-      float* const dqa = bb.dqa0 + h * p.dqk;
+#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_DQ_TMA
+      if (maps.dq_enabled) {
+        // This warpgroup's two boxes of 32 columns; element (row r, column c) of a box at byte
+        // 128 r + 16 ((c / 4) ^ (r % 8)) + 4 (c % 4): conflict-free pair stores.
+        unsigned char* const buf = dq_s + dq_buf * Cfg::kTileDq + wgi * (Cfg::kTileDq / 2);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = i0 + 16 * warp + g + 8 * half;
-        if (i < nq) {
-          float* const row = dqa + static_cast<std::int64_t>(i) * bb.q_stride;
+        for (int half = 0; half < 2; ++half) {
+          const int r = 16 * warp + g + 8 * half;
+          const bool row_in = i0 + r < nq;
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
-            const int col = 64 * wgi + 8 * jj + 2 * t4;
-            if (col < p.dqk) {
-              const float vals[2] = {alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]};
-              gpu::atomic_add_vec<2>(row + col, vals);
+            const int chunk = 2 * (jj & 3) + (t4 >> 1);
+            const float2 v = row_in ? make_float2(alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1])
+                                    : make_float2(0.0f, 0.0f);
+            *reinterpret_cast<float2*>(buf + (jj >> 2) * (Cfg::kTileDq / 4) + r * 128 + ((chunk ^ (r & 7)) << 4) +
+                                       (t4 & 1) * 8) = v;
+          }
+        }
+        wg::fence_smem_for_async();
+        gpu::mbar::named_sync(1 + wgi, 128);
+        if ((tid & 127) == 0) {
+          const int col = static_cast<int>(h) * 128 + 64 * wgi, row = static_cast<int>(rows.q0 + i0);
+          gpu::mbar::tma_reduce_add_2d(&maps.dq, col, row, buf);
+          gpu::mbar::tma_reduce_add_2d(&maps.dq, col + 32, row, buf + Cfg::kTileDq / 4);
+          gpu::mbar::bulk_commit();
+          gpu::mbar::bulk_wait_read<1>();  // the other buffer's reductions have read it: the next issue may write it
+        }
+        dq_buf ^= 1;  // per issue, not per step: a buffer is rewritten only after the issue two before it was read
+      } else
+#endif
+      {
+        float* const dqa = bb.dqa0 + h * p.dqk;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = i0 + 16 * warp + g + 8 * half;
+          if (i < nq) {
+            float* const row = dqa + static_cast<std::int64_t>(i) * bb.q_stride;
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+              const int col = 64 * wgi + 8 * jj + 2 * t4;
+              if (col < p.dqk) {
+                const float vals[2] = {alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]};
+                gpu::atomic_add_vec<2>(row + col, vals);
+              }
             }
           }
         }
@@ -378,6 +427,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   }
 #if defined(HIPDLRM_SM90_BWD_TIMING)
   tim[kTimWalk] += static_cast<unsigned long long>(tim_mark - tim_walk);
+#endif
+
+#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_DQ_TMA
+  if (maps.dq_enabled && (tid & 127) == 0) gpu::mbar::bulk_wait<0>();  // every reduction done before the block ends
 #endif
 
   // Epilogue: dK (times alpha) and dV of this thread's keys; keys past the end and padded columns not written.
@@ -436,6 +489,10 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
     constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
     const std::uint64_t cols = std::uint64_t(p.heads) * 128;
     // broadcast_q: dO has B x (the one query sequence) rows, a count the host does not hold.
+#if HIPDLRM_SM90_BWD_DQ_TMA
+    maps.dq_enabled = p.dqk == 128 && p.total_tokens > 0 &&
+                      gpu::make_tma_map_2d_f32(&maps.dq, args.grad_q_accum, cols, p.total_tokens, cols, Cfg::kBlockM);
+#endif
     maps.enabled = p.dqk == 128 && p.dv == 128 && !p.broadcast_q && p.total_tokens > 0 &&
                    gpu::make_tma_map_2d(&maps.q, args.q, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM) &&
                    gpu::make_tma_map_2d(&maps.dout, args.grad_out, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM);
