@@ -20,7 +20,7 @@ for extra in "$@"; do
   tag=$(echo "x$extra" | tr -c 'a-zA-Z0-9\n' '_'); d=/tmp/sm90try_$tag
   echo "=== variant [$extra]"; cat $d/hstu.log $d/hstubwd.log $d/gdpa.log | grep -i error
   has hstu && timeout 120 $d/hstu --bench 2>&1 | grep -E "FAIL|ALL|passed|bench fwd bf16 causal B=512 H=4 d=128" | head -20
-  has hstubwd && timeout 120 $d/hstubwd --bench 2>&1 | grep -E "FAIL|passed|bench bwd bf16 causal B=512 H=4 d=128" | head -20
+  has hstubwd && timeout 120 $d/hstubwd --bench 2>&1 | grep -E "FAIL|passed|bench bwd bf16 causal B=512 H=4 d=128|^timing" | head -30
   has gdpa && timeout 120 $d/gdpa --bench 2>&1 | grep -E "FAIL|ALL|passed|bench" | head -20
 done
 [ -n "${SKIP_ANCHOR:-}" ] && exit 0

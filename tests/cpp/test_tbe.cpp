@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "kernels/tbe/tbe_backward_types.h"
 #include "kernels/tbe/tbe_types.h"
 
 namespace {
@@ -88,4 +89,33 @@ TEST(TbeForwardCpu, SumMeanAndSequence) {
 TEST(TbeForwardCpu, RejectsOutOfRangeIndex) {
   auto weights = torch::zeros({8});
   EXPECT_THROW(tbe_forward(weights, i64({0}), i32({0, 4}), i64({2}), 4, 4, i64({2}), i64({0, 1}), 0), c10::Error);
+}
+
+// Stochastic rounding's random bits: the host hashes the call's (seed, step) once and the kernels hash each
+// row from it; the result must stay splitmix64(splitmix64(seed ^ splitmix64(step)) ^ row), the documented
+// row state (reproducible runs and resumed checkpoints depend on it). The reference hash below is written
+// independently from its published definition and checked against its known first output for state 0.
+namespace {
+std::uint64_t reference_splitmix64(std::uint64_t state) {
+  std::uint64_t z = state + 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+}  // namespace
+
+TEST(TbeRounding, RowStateFromTheHostHashedStepState) {
+  namespace ktbe = hipdlrm::kernels::tbe;
+  EXPECT_EQ(reference_splitmix64(0), 0xE220A8397B1DCDAFull);
+  for (std::uint64_t seed : {0ull, 1ull, 0x123456789ull}) {
+    for (std::uint64_t step : {0ull, 1ull, 1000ull}) {
+      const std::uint64_t step_state = ktbe::rounding_step_state(seed, step);
+      for (std::uint64_t row : {0ull, 5ull, 999999ull, 1ull << 40}) {
+        const std::uint64_t expected =
+            reference_splitmix64(reference_splitmix64(seed ^ reference_splitmix64(step)) ^ row);
+        EXPECT_EQ(ktbe::rounding_row_state_from(step_state, row), expected) << seed << " " << step << " " << row;
+        EXPECT_EQ(ktbe::rounding_row_state(seed, step, row), expected);
+      }
+    }
+  }
 }

@@ -425,6 +425,30 @@ void bench(std::mt19937& rng) {
                   flops / (ms * 1e-3) / 1e12);
       CHECK_CUDA(cudaEventDestroy(e0));
       CHECK_CUDA(cudaEventDestroy(e1));
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+      // One more call with the wgmma backward's phase counters (kernel development; Sm90BwdTiming).
+      if (d == 128) {
+        namespace ka = hipdlrm::kernels::attention;
+        unsigned long long* tim = nullptr;
+        CHECK_CUDA(cudaMalloc(&tim, ka::kTimSlots * sizeof(unsigned long long)));
+        CHECK_CUDA(cudaMemset(tim, 0, ka::kTimSlots * sizeof(unsigned long long)));
+        a.timing = tim;
+        call();
+        a.timing = nullptr;
+        std::vector<unsigned long long> h(ka::kTimSlots);
+        CHECK_CUDA(cudaMemcpy(h.data(), tim, h.size() * sizeof(unsigned long long), cudaMemcpyDeviceToHost));
+        CHECK_CUDA(cudaFree(tim));
+        const double blocks = static_cast<double>(h[ka::kTimBlocks]);
+        std::printf("timing N=%d: %.0f blocks; cycles per block: prologue %.0f, walk %.0f, epilogue %.0f\n", N,
+                    blocks, h[ka::kTimPrologue] / blocks, h[ka::kTimWalk] / blocks, h[ka::kTimEpilogue] / blocks);
+        const char* kinds[3] = {"all valid", "masked", "nothing valid"};
+        for (int k = 0; k < 3; ++k) {
+          const double n = static_cast<double>(h[ka::kTimSteps + k]);
+          std::printf("timing N=%d: %-13s steps %.2f per block, cycles per step: part A %.0f, part B %.0f\n", N,
+                      kinds[k], n / blocks, n > 0 ? h[ka::kTimPartA + k] / n : 0.0, n > 0 ? h[ka::kTimPartB + k] / n : 0.0);
+        }
+      }
+#endif
       for (void* ptr : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(g),
                         static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv),
                         static_cast<void*>(acc), static_cast<void*>(offs)}) {

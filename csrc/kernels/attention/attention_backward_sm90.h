@@ -47,6 +47,20 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_CAUSAL_FAST)
 #define HIPDLRM_SM90_BWD_CAUSAL_FAST 1
 #endif
+// Problems with a plain mask (HSTU: causal or not, no contextual prefix, targets or distance limit; GDPA: no
+// window), no rab and no per-token scale run a lean instantiation (kLean) with none of that code compiled in:
+// fewer registers and integer instructions (-DHIPDLRM_SM90_BWD_LEAN=0: the general kernel for everything).
+#if !defined(HIPDLRM_SM90_BWD_LEAN)
+#define HIPDLRM_SM90_BWD_LEAN 1
+#endif
+// dQ through shared memory and TMA reductions (-DHIPDLRM_SM90_BWD_DQ_TMA=1; 0, the default: red.add): each
+// warpgroup stores its alpha-scaled dQ[64 q x 64 d] into one of two fp32 buffers in the 128-byte-swizzled box
+// layout of a tensor map over grad_q_accum, and one thread adds it with two 2D bulk tensor reductions, left to
+// run while the walk goes on (the buffer is reused two steps later, after a wait for the reads). Rows past
+// the sequence end are stored as zeros (their sum into the next sequence's rows adds nothing).
+#if !defined(HIPDLRM_SM90_BWD_DQ_TMA)
+#define HIPDLRM_SM90_BWD_DQ_TMA 0
+#endif
 
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
@@ -56,8 +70,10 @@ struct Sm90BwdConfig {
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
   static constexpr int kTileQ = kBlockM * kD * 2;  // bytes of one q (or dO) tile
   static constexpr int kTileS = kBlockN * kBlockM * 2;
+  static constexpr int kTileDq = HIPDLRM_SM90_BWD_DQ_TMA ? kBlockM * kD * 4 : 0;  // one fp32 dQ buffer
   static constexpr int kBars = 64;  // the two stages' mbarriers
-  static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + kBars + 1024;  // + 1024-byte alignment slack
+  static constexpr int kSmem =
+      2 * kTileK + 2 * 2 * kTileQ + kTileS + 2 * kTileDq + kBars + 1024;  // + 1024-byte alignment slack
 };
 
 // TMA tensor maps of q and dO as [rows][heads * 128] (HIPDLRM_SM90_BWD_TMA); `enabled` is 0 where TMA cannot
@@ -65,13 +81,17 @@ struct Sm90BwdConfig {
 struct Sm90BwdMaps {
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   CUtensorMap q, dout;
+#if HIPDLRM_SM90_BWD_DQ_TMA
+  CUtensorMap dq;  // fp32 grad_q_accum as [rows][heads * 128], boxes of 32 x 64
+#endif
 #endif
   int enabled = 0;
+  int dq_enabled = 0;
 };
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
 
-template <typename T, class V>
+template <typename T, class V, bool kLean>
 __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     attention_backward_sm90_kernel(AttentionBackwardArgs args, int num_kblocks, const __grid_constant__ Sm90BwdMaps maps) {
 #if defined(HIPDLRM_WGMMA)
@@ -92,7 +112,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   unsigned char* const v_s = k_s + Cfg::kTileK;
   unsigned char* const stage_s = v_s + Cfg::kTileK;  // two stages of (q, dO)
   unsigned char* const ds_s = stage_s + 2 * 2 * Cfg::kTileQ;
-  std::uint64_t* const qdo_full = reinterpret_cast<std::uint64_t*>(ds_s + Cfg::kTileS);  // one per stage
+  unsigned char* const dq_s = ds_s + Cfg::kTileS;  // two dQ buffers (HIPDLRM_SM90_BWD_DQ_TMA)
+  std::uint64_t* const qdo_full = reinterpret_cast<std::uint64_t*>(dq_s + 2 * Cfg::kTileDq);  // one per stage
+  int dq_buf = 0;  // the dQ buffer of this warpgroup's next issue
+  (void)dq_buf;
 
   const AttentionProblem& p = args.p;
   BackwardBlock<T, V, kBM, kBN> bb;
@@ -101,9 +124,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   const int nq = rows.nq, nkv = rows.nkv, j0 = bb.j0;
   const typename V::Mask mask = bb.mask;
   const float alpha = bb.alpha;
-  const T* const rab = bb.rab;
-  float* const grad_rab = bb.grad_rab;
-  const float* const scale_per_token = bb.scale_per_token;
+  // kLean: none of these (the launcher checked), as compile-time nulls.
+  const T* const rab = kLean ? nullptr : bb.rab;
+  float* const grad_rab = kLean ? nullptr : bb.grad_rab;
+  const float* const scale_per_token = kLean ? nullptr : bb.scale_per_token;
 
   const int tid = static_cast<int>(threadIdx.x);
   const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
@@ -147,6 +171,16 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   __syncthreads();
 #endif
 
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  unsigned long long tim[kTimSlots] = {};
+  long long tim_mark = clock64();
+  const long long tim_start = tim_mark;
+  auto tim_lap = [&](int slot) {
+    const long long now = clock64();
+    tim[slot] += static_cast<unsigned long long>(now - tim_mark);
+    tim_mark = now;
+  };
+#endif
   stage_swizzled<kBN, kThreads>(k_s, bb.kg, j0, nkv, bb.k_stride, p.dqk);
   stage_swizzled<kBN, kThreads>(v_s, bb.vg, j0, nkv, bb.v_stride, p.dv);
   int t = bb.next_step(0);
@@ -157,6 +191,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   wait_qdo(tma_cur, 0);
   wg::fence_smem_for_async();
   __syncthreads();
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  tim_lap(kTimPrologue);
+  const long long tim_walk = tim_mark;
+#endif
 
   float dk[64], dv[64];
 #pragma unroll
@@ -180,7 +218,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     const bool full = inside_seq && rab == nullptr && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
     const bool live = full || mask.tile_any(i0, i0 + kBM, kw0, kw0 + 64);
     // Masked tiles of a plain causal mask without rab: j <= i per element (rows and keys past the ends too).
-    const bool causal_fast = HIPDLRM_SM90_BWD_CAUSAL_FAST && !full && rab == nullptr && mask.plain_causal();
+    // kLean: every masked tile takes that path, with j <= i only under a causal mask (else the bounds alone).
+    const bool causal_fast =
+        kLean || (HIPDLRM_SM90_BWD_CAUSAL_FAST && !full && rab == nullptr && mask.plain_causal());
+    const bool lean_causal = kLean && mask.plain_causal();
     std::uint32_t pp[4][4], px[4][4];  // P^T and dX^T as register A operands (k16 steps over the queries)
     if (live) {
       float st[32], dpt[32];
@@ -209,13 +250,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       }
       wg::fence_regs(st);
       // Element e: key line kr0 + 8 ((e >> 1) & 1), query i0 + 8 (e >> 2) + 2 t4 + (e & 1).
-      // kind: 0 every element valid; 1 plain causal, no rab; 2 the general mask.
+      // kind: 0 every element valid; 1 plain causal, no rab (kLean: plain causal or no mask); 2 the general mask.
       auto element = [&](int e, auto kind) {
         constexpr int kKind = decltype(kind)::value;
         constexpr bool kMasked = kKind == 2;
         const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
         const bool inside =
-            kKind == 0 || (i < nq && j < nkv && (kKind == 1 ? j <= i : mask.valid(i, j)));
+            kKind == 0 || (i < nq && j < nkv && (kKind == 1 ? (kLean && !lean_causal) || j <= i : mask.valid(i, j)));
         float x = V::kHstu ? alpha * st[e] : st[e];
         if (kMasked && rab != nullptr && inside) {
           x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
@@ -241,7 +282,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         pack_p(std::integral_constant<int, 0>());
       } else if (causal_fast) {
         pack_p(std::integral_constant<int, 1>());
-      } else {
+      } else if constexpr (!kLean) {
         pack_p(std::integral_constant<int, 2>());
       }
       // dV += P^T dO while dP^T finishes.
@@ -262,7 +303,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           px[kk][r] = Mma::pack2(dpt[e] * st[e], dpt[e + 1] * st[e + 1]);
         }
       // dRab = dX of the valid elements (st is zero elsewhere).
-      if (!full && grad_rab != nullptr) {
+      if (!kLean && !full && grad_rab != nullptr) {
 #pragma unroll
         for (int e = 0; e < 32; ++e) {
           const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
@@ -300,6 +341,11 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       }
     wg::fence_smem_for_async();
     __syncthreads();  // dS complete
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+    const int tim_kind = full ? 0 : (live ? 1 : 2);
+    tim[kTimSteps + tim_kind] += 1;
+    tim_lap(kTimPartA + tim_kind);
+#endif
 
     // dQ[64 q x 64 d] of head-dim half wgi = dS k over the 128 keys.
     if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && 64 * wgi < p.dqk) {
@@ -315,18 +361,50 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       wg::fence_regs(dq);
       wg::fence_regs(dv);
       wg::fence_regs(dk);
-      float* const dqa = bb.dqa0 + h * p.dqk;
+#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_DQ_TMA
+      if (maps.dq_enabled) {
+        // This warpgroup's two boxes of 32 columns; element (row r, column c) of a box at byte
+        // 128 r + 16 ((c / 4) ^ (r % 8)) + 4 (c % 4): conflict-free pair stores.
+        unsigned char* const buf = dq_s + dq_buf * Cfg::kTileDq + wgi * (Cfg::kTileDq / 2);
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int i = i0 + 16 * warp + g + 8 * half;
-        if (i < nq) {
-          float* const row = dqa + static_cast<std::int64_t>(i) * bb.q_stride;
+        for (int half = 0; half < 2; ++half) {
+          const int r = 16 * warp + g + 8 * half;
+          const bool row_in = i0 + r < nq;
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
-            const int col = 64 * wgi + 8 * jj + 2 * t4;
-            if (col < p.dqk) {
-              const float vals[2] = {alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]};
-              gpu::atomic_add_vec<2>(row + col, vals);
+            const int chunk = 2 * (jj & 3) + (t4 >> 1);
+            const float2 v = row_in ? make_float2(alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1])
+                                    : make_float2(0.0f, 0.0f);
+            *reinterpret_cast<float2*>(buf + (jj >> 2) * (Cfg::kTileDq / 4) + r * 128 + ((chunk ^ (r & 7)) << 4) +
+                                       (t4 & 1) * 8) = v;
+          }
+        }
+        wg::fence_smem_for_async();
+        gpu::mbar::named_sync(1 + wgi, 128);
+        if ((tid & 127) == 0) {
+          const int col = static_cast<int>(h) * 128 + 64 * wgi, row = static_cast<int>(rows.q0 + i0);
+          gpu::mbar::tma_reduce_add_2d(&maps.dq, col, row, buf);
+          gpu::mbar::tma_reduce_add_2d(&maps.dq, col + 32, row, buf + Cfg::kTileDq / 4);
+          gpu::mbar::bulk_commit();
+          gpu::mbar::bulk_wait_read<1>();  // the other buffer's reductions have read it: the next issue may write it
+        }
+        dq_buf ^= 1;  // per issue, not per step: a buffer is rewritten only after the issue two before it was read
+      } else
+#endif
+      {
+        float* const dqa = bb.dqa0 + h * p.dqk;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int i = i0 + 16 * warp + g + 8 * half;
+          if (i < nq) {
+            float* const row = dqa + static_cast<std::int64_t>(i) * bb.q_stride;
+#pragma unroll
+            for (int jj = 0; jj < 8; ++jj) {
+              const int col = 64 * wgi + 8 * jj + 2 * t4;
+              if (col < p.dqk) {
+                const float vals[2] = {alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]};
+                gpu::atomic_add_vec<2>(row + col, vals);
+              }
             }
           }
         }
@@ -341,9 +419,19 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     wait_qdo(tma_next, stage ^ 1);
     wg::fence_smem_for_async();
     __syncthreads();  // next q/dO landed; this step's q/dO and dS free
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+    tim_lap(kTimPartB + tim_kind);
+#endif
     stage ^= 1;
     t = tn;
   }
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  tim[kTimWalk] += static_cast<unsigned long long>(tim_mark - tim_walk);
+#endif
+
+#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_DQ_TMA
+  if (maps.dq_enabled && (tid & 127) == 0) gpu::mbar::bulk_wait<0>();  // every reduction done before the block ends
+#endif
 
   // Epilogue: dK (times alpha) and dV of this thread's keys; keys past the end and padded columns not written.
   const std::int64_t k_stride = bb.k_stride, v_stride = bb.v_stride;
@@ -367,6 +455,16 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       }
     }
   }
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  __syncthreads();
+  if (tid == 0 && args.timing != nullptr) {
+    tim_lap(kTimEpilogue);
+    tim[kTimBlocks] = 1;
+    (void)tim_start;
+#pragma unroll 1
+    for (int slot = 0; slot < kTimSlots; ++slot) atomicAdd(args.timing + slot, tim[slot]);
+  }
+#endif
 #else
   (void)args;
   (void)num_kblocks;
@@ -374,8 +472,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 #endif
 }
 
-template <typename T, class V>
-gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, gpu::stream_t stream) {
+template <typename T, class V, bool kLean>
+gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs& args, gpu::stream_t stream) {
   using Cfg = Sm90BwdConfig;
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
@@ -383,7 +481,7 @@ gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, 
   const int num_kblocks = (max_kv + Cfg::kBlockN - 1) / Cfg::kBlockN;
   const std::int64_t blocks = static_cast<std::int64_t>(num_kblocks) * kv_heads * p.batch;
   if (blocks == 0) return gpu::kSuccess;
-  const gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_sm90_kernel<T, V>, Cfg::kSmem);
+  const gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_sm90_kernel<T, V, kLean>, Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
   Sm90BwdMaps maps;
 #if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_TMA
@@ -391,14 +489,32 @@ gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, 
     constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
     const std::uint64_t cols = std::uint64_t(p.heads) * 128;
     // broadcast_q: dO has B x (the one query sequence) rows, a count the host does not hold.
+#if HIPDLRM_SM90_BWD_DQ_TMA
+    maps.dq_enabled = p.dqk == 128 && p.total_tokens > 0 &&
+                      gpu::make_tma_map_2d_f32(&maps.dq, args.grad_q_accum, cols, p.total_tokens, cols, Cfg::kBlockM);
+#endif
     maps.enabled = p.dqk == 128 && p.dv == 128 && !p.broadcast_q && p.total_tokens > 0 &&
                    gpu::make_tma_map_2d(&maps.q, args.q, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM) &&
                    gpu::make_tma_map_2d(&maps.dout, args.grad_out, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM);
   }
 #endif
-  attention_backward_sm90_kernel<T, V>
+  attention_backward_sm90_kernel<T, V, kLean>
       <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_kblocks, maps);
   return gpu::last_launch_status();
+}
+
+// Whether the problem runs the lean instantiation (see HIPDLRM_SM90_BWD_LEAN).
+inline bool sm90_backward_is_lean(const AttentionProblem& p, bool hstu) {
+  if (!HIPDLRM_SM90_BWD_LEAN) return false;
+  if (!hstu) return p.window < 0;
+  return p.rab == nullptr && p.scale_per_token == nullptr && p.contextual_seq_len == 0 && p.num_targets == nullptr &&
+         p.max_attn_len == 0;
+}
+
+template <typename T, class V>
+gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, gpu::stream_t stream) {
+  if (sm90_backward_is_lean(args.p, V::kHstu)) return launch_attention_backward_sm90_variant<T, V, true>(args, stream);
+  return launch_attention_backward_sm90_variant<T, V, false>(args, stream);
 }
 
 #endif  // HIPDLRM_PLATFORM_CUDA

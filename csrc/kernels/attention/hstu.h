@@ -88,7 +88,25 @@ struct AttentionBackwardArgs {
   // fp32 [rab_batch, rab_heads, N, N], zeroed by the caller, or null when rab needs no gradient (HSTU).
   // Entries outside every sequence's valid region stay zero. The binding casts it to rab's type.
   float* grad_rab = nullptr;
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+  // Kernel development only (-DHIPDLRM_SM90_BWD_TIMING in every translation unit): the wgmma backward adds
+  // its per-phase clock64 cycle counts here (Sm90BwdTiming), zeroed by the caller.
+  unsigned long long* timing = nullptr;
+#endif
 };
+
+#if defined(HIPDLRM_SM90_BWD_TIMING)
+// Slots of the cycle counters of -DHIPDLRM_SM90_BWD_TIMING (AttentionBackwardArgs::timing), summed over
+// blocks by thread 0 of each (its own warpgroup's view of each step): blocks; cycles of the prologue (k, v
+// and the first q / dO staged), of the whole walk and of the epilogue (dK / dV stores); then per step kind
+// (0: thread 0's 64 keys all valid, 1: masked, 2: nothing valid) the count, the cycles of part A (S, dP,
+// activation, dV, dK, dS stored, up to the barrier) and of part B (dQ and its reductions, the next q / dO
+// awaited, up to the barrier).
+enum Sm90BwdTiming : int {
+  kTimBlocks = 0, kTimPrologue, kTimWalk, kTimEpilogue,
+  kTimSteps = 4, kTimPartA = 7, kTimPartB = 10, kTimSlots = 13
+};
+#endif
 
 // The HSTU names of the same structures.
 using HstuProblem = AttentionProblem;

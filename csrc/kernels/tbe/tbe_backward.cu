@@ -885,7 +885,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
     if constexpr (kOpt == kRowwiseAdagrad) state = p.momentum1[key];
     const std::uint64_t row_state =
-        !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state(o.seed, o.step, key) : 0;
+        !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(o.rounding_step_state, key) : 0;
     const int passes = kOpt == kRowwiseAdagrad && !single ? 2 : 1;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {

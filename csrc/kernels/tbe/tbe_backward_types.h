@@ -49,6 +49,7 @@ struct OptimizerArgs {
   bool stochastic_rounding = false;
   std::uint64_t step = 0;
   std::uint64_t seed = 0;
+  std::uint64_t rounding_step_state = 0;  // rounding_step_state(seed, step), hashed once on the host
 };
 
 // ---- stochastic rounding ---------------------------------------------------------------------------
@@ -66,8 +67,16 @@ HIPDLRM_TBE_HOST_DEVICE std::uint64_t splitmix64(std::uint64_t x) {
 // of the group (the 16-bit formats use at most 16), so a lane that owns a 4-column vector hashes once.
 constexpr std::uint64_t kRoundingGroup = 4;
 
+// The call's part of the row state, the same for every row: the host computes it once (OptimizerArgs::
+// rounding_step_state), so a kernel hashes once per row instead of three times.
+HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_step_state(std::uint64_t seed, std::uint64_t step) {
+  return splitmix64(seed ^ splitmix64(step));
+}
+HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_row_state_from(std::uint64_t step_state, std::uint64_t row) {
+  return splitmix64(step_state ^ row);
+}
 HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_row_state(std::uint64_t seed, std::uint64_t step, std::uint64_t row) {
-  return splitmix64(splitmix64(seed ^ splitmix64(step)) ^ row);
+  return rounding_row_state_from(rounding_step_state(seed, step), row);
 }
 
 // 64 random bits for the columns kRoundingGroup * q .. + kRoundingGroup - 1 of a row: bits [16c, 16c + 16)

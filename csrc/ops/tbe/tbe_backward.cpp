@@ -156,7 +156,7 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
     momentum1[key] = updated;
     multiplier = o.learning_rate / (std::sqrt(updated) + o.eps);
   }
-  const std::uint64_t row_state = ktbe::rounding_row_state(o.seed, o.step, key);
+  const std::uint64_t row_state = ktbe::rounding_row_state_from(o.rounding_step_state, key);
   for (std::int64_t d = 0; d < D; ++d) {
     const float wv = static_cast<float>(row[d]);
     float gd = g[d];
@@ -412,6 +412,7 @@ OptimizerArgs check_optimizer_arguments(const at::Tensor& weights, std::int64_t 
   o.stochastic_rounding = stochastic_rounding;
   o.step = static_cast<std::uint64_t>(step);
   o.seed = static_cast<std::uint64_t>(seed);
+  o.rounding_step_state = ktbe::rounding_step_state(o.seed, o.step);
   return o;
 }
 
