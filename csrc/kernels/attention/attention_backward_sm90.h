@@ -61,6 +61,14 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_DQ_TMA)
 #define HIPDLRM_SM90_BWD_DQ_TMA 0
 #endif
+// Epilogue through shared memory (-DHIPDLRM_SM90_BWD_EPI_SMEM=0: straight from the accumulators): dK and dV
+// are written as 16-bit rows into the (by then free) k / v tiles, swizzled so that the pair stores do not
+// conflict, and stored from there as 16-byte row chunks -- 16 coalesced stores per thread instead of 64
+// 4-byte stores that each touch eight rows. Needs dqk = dv = 128 and 16-byte aligned rows (else the direct
+// path).
+#if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
+#define HIPDLRM_SM90_BWD_EPI_SMEM 1
+#endif
 
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
@@ -437,6 +445,39 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   const std::int64_t k_stride = bb.k_stride, v_stride = bb.v_stride;
   T* const gk = static_cast<T*>(args.grad_k) + rows.kv0 * k_stride + static_cast<std::int64_t>(bb.hk) * p.dqk;
   T* const gv = static_cast<T*>(args.grad_v) + rows.kv0 * v_stride + static_cast<std::int64_t>(bb.hk) * p.dv;
+#if HIPDLRM_SM90_BWD_EPI_SMEM
+  const bool epi_smem = p.dqk == 128 && p.dv == 128 && ((k_stride | v_stride) & 7) == 0 &&
+                        ((reinterpret_cast<std::uintptr_t>(gk) | reinterpret_cast<std::uintptr_t>(gv)) & 15) == 0;
+  if (epi_smem) {
+    // Line kl of a tile: 256 bytes, chunk c (8 columns) at 16 ((c & 8) | ((c & 7) ^ (kl & 7))). k_s and v_s are
+    // free: the last step ended with every wgmma waited and a barrier.
+    auto epi_offset = [](int kl, int c) { return kl * 256 + (((c & 8) | ((c & 7) ^ (kl & 7))) << 4); };
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int kl = kr0 + 8 * half;
+#pragma unroll
+      for (int jj = 0; jj < 16; ++jj) {
+        const int o = epi_offset(kl, jj) + 4 * t4;
+        *reinterpret_cast<std::uint32_t*>(k_s + o) = Mma::pack2(alpha * dk[4 * jj + 2 * half], alpha * dk[4 * jj + 2 * half + 1]);
+        *reinterpret_cast<std::uint32_t*>(v_s + o) = Mma::pack2(dv[4 * jj + 2 * half], dv[4 * jj + 2 * half + 1]);
+      }
+    }
+    __syncthreads();
+    const int c = tid & 15;
+#pragma unroll
+    for (int it = 0; it < 8; ++it) {
+      const int kl = (tid >> 4) + 16 * it, j = j0 + kl;
+      if (j < nkv) {
+        const int o = epi_offset(kl, c);
+        *reinterpret_cast<uint4*>(gk + static_cast<std::int64_t>(j) * k_stride + 8 * c) =
+            *reinterpret_cast<const uint4*>(k_s + o);
+        *reinterpret_cast<uint4*>(gv + static_cast<std::int64_t>(j) * v_stride + 8 * c) =
+            *reinterpret_cast<const uint4*>(v_s + o);
+      }
+    }
+  } else
+#endif
+  {
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int j = j0 + kr0 + 8 * half;
@@ -454,6 +495,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         }
       }
     }
+  }
   }
 #if defined(HIPDLRM_SM90_BWD_TIMING)
   __syncthreads();
