@@ -66,6 +66,12 @@ namespace attention {
 // conflict, and stored from there as 16-byte row chunks -- 16 coalesced stores per thread instead of 64
 // 4-byte stores that each touch eight rows. Needs dqk = dv = 128 and 16-byte aligned rows (else the direct
 // path).
+// dQ additions as 16-byte vector reductions (-DHIPDLRM_SM90_BWD_DQ_V4=1; 0, the default: 8-byte pairs): lanes
+// t4 and t4 ^ 1 swap a pair by shuffle so that each holds four consecutive columns of one row (8 red.v4
+// per thread and step instead of 16 red.v2).
+#if !defined(HIPDLRM_SM90_BWD_DQ_V4)
+#define HIPDLRM_SM90_BWD_DQ_V4 0
+#endif
 #if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
 #define HIPDLRM_SM90_BWD_EPI_SMEM 1
 #endif
@@ -397,6 +403,22 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           gpu::mbar::bulk_wait_read<1>();  // the other buffer's reductions have read it: the next issue may write it
         }
         dq_buf ^= 1;  // per issue, not per step: a buffer is rewritten only after the issue two before it was read
+      } else
+#endif
+#if HIPDLRM_SM90_BWD_DQ_V4
+      if (p.dqk == 128) {
+        // Even t4: row 16 warp + g, columns 8 jj + 2 t4 .. + 3; odd t4: row + 8, columns 8 jj + 2 (t4 - 1) .. + 3.
+        const bool odd = (t4 & 1) != 0;
+        const int i = i0 + 16 * warp + g + (odd ? 8 : 0);
+        float* const row = bb.dqa0 + h * p.dqk + static_cast<std::int64_t>(i) * bb.q_stride + 64 * wgi + 2 * (t4 & 2);
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj) {
+          const float s0 = odd ? dq[4 * jj] : dq[4 * jj + 2], s1 = odd ? dq[4 * jj + 1] : dq[4 * jj + 3];
+          const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+          const float vals[4] = {alpha * (odd ? r0 : dq[4 * jj]), alpha * (odd ? r1 : dq[4 * jj + 1]),
+                                 alpha * (odd ? dq[4 * jj + 2] : r0), alpha * (odd ? dq[4 * jj + 3] : r1)};
+          if (i < nq) gpu::atomic_add_vec<4>(row + 8 * jj, vals);
+        }
       } else
 #endif
       {
