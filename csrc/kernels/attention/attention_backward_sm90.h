@@ -74,9 +74,10 @@ namespace attention {
 #endif
 // Persistent grid where the caller gives AttentionBackwardArgs::tile_counter (-DHIPDLRM_SM90_BWD_PERSIST=0:
 // one block per tile always): one block per multiprocessor walks tiles (sample, kv head, 128 keys) taken
-// from the counter; during the last step of a tile it stages the next tile's k / v (into the second of two
-// k / v buffers) and first q / dO, which land while it finishes that step and stores the epilogue, so that
-// neither the prologue's loads nor the epilogue's stores leave the tensor cores idle between tiles.
+// from the counter; during the last step of a tile, one thread stages the next tile's k / v (into the second
+// of two k / v buffers) and first q / dO by TMA where they lie wholly inside their sequences; they land while
+// the block finishes that step and stores the epilogue. Lean HSTU instantiations only (the k / v maps need
+// the kv row count; the general kernel would spill more); the rest keeps one block per tile.
 #if !defined(HIPDLRM_SM90_BWD_PERSIST)
 #define HIPDLRM_SM90_BWD_PERSIST 1
 #endif
@@ -104,12 +105,14 @@ struct Sm90BwdConfig {
 struct Sm90BwdMaps {
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   CUtensorMap q, dout;
+  CUtensorMap k, v;  // [kv rows][kv heads * 128], boxes of 128 rows (the persistent grid's prefetch)
 #if HIPDLRM_SM90_BWD_DQ_TMA
   CUtensorMap dq;  // fp32 grad_q_accum as [rows][heads * 128], boxes of 32 x 64
 #endif
 #endif
   int enabled = 0;
   int dq_enabled = 0;
+  int kv_enabled = 0;
 };
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
@@ -174,7 +177,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     stage_swizzled<kBN, kThreads>(dst, blk.kg, blk.j0, blk.rows.nkv, blk.k_stride, p.dqk);
     stage_swizzled<kBN, kThreads>(dst + Cfg::kTileK, blk.vg, blk.j0, blk.rows.nkv, blk.v_stride, p.dv);
   };
-  unsigned qdo_phases = 0;  // bit s: the parity of stage s's next mbarrier phase
+  unsigned qdo_phases = 0;  // bit s: the parity of stage s's next mbarrier phase (bit 2: the k / v prefetch)
   auto wait_qdo = [&](bool by_tma, int stage) {
     if (by_tma) {
       gpu::mbar::wait(qdo_full + stage, static_cast<int>((qdo_phases >> stage) & 1u));
@@ -185,6 +188,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   if (tid == 0) {
     gpu::mbar::init(qdo_full, 1);
     gpu::mbar::init(qdo_full + 1, 1);
+    gpu::mbar::init(qdo_full + 2, 1);  // the prefetched k / v
   }
   __syncthreads();
 #endif
@@ -201,23 +205,24 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   // The tile loop: block b's first tile is b; with a tile counter (persistent grid) each next one comes from
   // it. The loop's state lives in shared memory (written by thread 0 between barriers), not in registers
   // that the walk would have to keep: ctl.next, the tile after this one (fetched at the tile's start, read
-  // after its first barrier and before its last); ctl.pref_t / pref_tma, the step the previous tile staged
-  // for this one (-1: nothing staged) and whether by TMA.
+  // after its first barrier and before its last); ctl.pref_t, the step whose q / dO the previous tile staged
+  // for this one by TMA, with its k / v (-1: nothing staged).
   const bool persistent = HIPDLRM_SM90_BWD_PERSIST && args.tile_counter != nullptr;
   __shared__ struct {
     std::int64_t next;
-    int pref_t, pref_tma;
+    int pref_t;
   } ctl;
   if (tid == 0) ctl.pref_t = -1;
   __syncthreads();
   std::int64_t tile = blockIdx.x;
   int kvb = 0, stage = 0;  // this tile's (k, v) buffer; the stage of its next q / dO
   while (tile < num_tiles) {
-    if (tid == 0) {
-      ctl.next = persistent ? static_cast<std::int64_t>(atomicAdd(args.tile_counter, 1)) + gridDim.x : num_tiles;
-    }
+    // Thread 0 fetches the tile after this one now and publishes it after the loads' waits below (the
+    // atomic's latency hidden behind them).
+    const std::int64_t next = persistent && tid == 0 ? atomicAdd(args.tile_counter, 1) + std::int64_t{gridDim.x} : num_tiles;
     Block bb;
     if (!bb.init(args, tile, num_kblocks, 1)) {  // past its sample's last key: nothing to do (never prefetched)
+      if (tid == 0) ctl.next = next;
       __syncthreads();
       const std::int64_t nt = ctl.next;
       __syncthreads();
@@ -237,15 +242,18 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     unsigned char* const v_s = k_s + Cfg::kTileK;
 
     int t = ctl.pref_t;  // the previous tile's last barrier made it visible
-    bool tma_cur = ctl.pref_tma != 0;
+    bool tma_cur = t >= 0;
     if (t < 0) {
       stage_kv(bb, kvb);
       t = bb.next_step(0);
       tma_cur = t < bb.num_steps && stage_qdo(bb, t, stage);
       stage_commit();
+      stage_wait<0>();
+    } else {
+      wait_qdo(true, 2);  // k / v by TMA
     }
-    stage_wait<0>();
     wait_qdo(tma_cur, stage);
+    if (tid == 0) ctl.next = next;
     wg::fence_smem_for_async();
     __syncthreads();
     if (tid == 0) ctl.pref_t = -1;  // read by every thread above, before this barrier
@@ -406,21 +414,30 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 #endif
       // Last step of a tile on a persistent grid: stage the next tile's k / v (other buffer) and first q / dO
       // (other stage, free since the previous step's barrier); they land during dQ and the epilogue.
-      // ctl.next is visible: thread 0 wrote it before the prologue's barrier.
-      if (persistent && last) {
+      // Thread 0 only, and only where TMA can bring all of it (keys and the first q / dO block wholly inside
+      // their sequences); ctl.pref_t is read at the next tile's start, after this step's and the epilogue's
+      // barriers. ctl.next: thread 0's own write.
+#if defined(HIPDLRM_HAS_TMA_MAPS)
+      if (kLean && persistent && last && tid == 0) {
         const std::int64_t nt = ctl.next;
         Block nb;
-        if (nt < num_tiles && nb.init(args, nt, num_kblocks, 1)) {
-          stage_kv(nb, kvb ^ 1);
+        if (nt < num_tiles && nb.init(args, nt, num_kblocks, 1) && nb.j0 + kBN <= nb.rows.nkv) {
           const int tp = nb.next_step(0);
-          const bool by_tma = tp < nb.num_steps && stage_qdo(nb, tp, stage ^ 1);
-          stage_commit();
-          if (tid == 0) {  // read at the next tile's start, after this step's and the epilogue's barriers
+          if (tp < nb.num_steps && (nb.qb_of(tp) + 1) * kBM <= nb.rows.nq) {
+            unsigned char* const dst = kv_s + (kvb ^ 1) * 2 * Cfg::kTileK;
+            wg::fence_smem_for_async();  // the epilogue two tiles back read this buffer through the generic proxy
+            const int col = nb.hk * 128, row = static_cast<int>(nb.rows.kv0 + nb.j0);
+            gpu::mbar::arrive_expect_tx(qdo_full + 2, 2 * Cfg::kTileK);
+            gpu::mbar::tma_load_2d(dst, &maps.k, col, row, qdo_full + 2);
+            gpu::mbar::tma_load_2d(dst + kBlockK, &maps.k, col + 64, row, qdo_full + 2);
+            gpu::mbar::tma_load_2d(dst + Cfg::kTileK, &maps.v, col, row, qdo_full + 2);
+            gpu::mbar::tma_load_2d(dst + Cfg::kTileK + kBlockK, &maps.v, col + 64, row, qdo_full + 2);
+            stage_qdo(nb, tp, stage ^ 1);  // by TMA: the block lies inside the sequence
             ctl.pref_t = tp;
-            ctl.pref_tma = by_tma ? 1 : 0;
           }
         }
       }
+#endif
 
       // dQ[64 q x 64 d] of head-dim half wgi = dS k over the 128 keys.
       if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && 64 * wgi < p.dqk) {
@@ -630,18 +647,25 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
     maps.enabled = p.dqk == 128 && p.dv == 128 && !p.broadcast_q && p.total_tokens > 0 &&
                    gpu::make_tma_map_2d(&maps.q, args.q, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM) &&
                    gpu::make_tma_map_2d(&maps.dout, args.grad_out, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM);
+    // HSTU: k / v have the same rows and heads as q.
+    maps.kv_enabled = HIPDLRM_SM90_BWD_PERSIST && kLean && V::kHstu && maps.enabled && args.tile_counter != nullptr &&
+                      gpu::make_tma_map_2d(&maps.k, args.k, kBf16, cols, p.total_tokens, cols, Cfg::kBlockN) &&
+                      gpu::make_tma_map_2d(&maps.v, args.v, kBf16, cols, p.total_tokens, cols, Cfg::kBlockN);
   }
 #endif
-  // Persistent grid (see HIPDLRM_SM90_BWD_PERSIST): one block per multiprocessor, the counter zeroed here.
+  // Persistent grid (see HIPDLRM_SM90_BWD_PERSIST) where the k / v maps exist: one block per multiprocessor,
+  // the counter zeroed here; else one block per tile.
   std::int64_t grid = blocks;
-  if (HIPDLRM_SM90_BWD_PERSIST && args.tile_counter != nullptr) {
+  AttentionBackwardArgs kargs = args;
+  if (!maps.kv_enabled) kargs.tile_counter = nullptr;
+  if (kargs.tile_counter != nullptr) {
     const int sms = gpu::device_multiprocessors(gpu::current_device());
     if (sms > 0 && grid > sms) grid = sms;
     const gpu::status_t zs = gpu::memset_async(args.tile_counter, 0, sizeof(int), stream);
     if (zs != gpu::kSuccess) return zs;
   }
   attention_backward_sm90_kernel<T, V, kLean>
-      <<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_kblocks, blocks, maps);
+      <<<static_cast<unsigned>(grid), Cfg::kThreads, Cfg::kSmem, stream>>>(kargs, num_kblocks, blocks, maps);
   return gpu::last_launch_status();
 }
 
