@@ -72,14 +72,17 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_DQ_V4)
 #define HIPDLRM_SM90_BWD_DQ_V4 0
 #endif
-// Persistent grid where the caller gives AttentionBackwardArgs::tile_counter (-DHIPDLRM_SM90_BWD_PERSIST=0:
-// one block per tile always): one block per multiprocessor walks tiles (sample, kv head, 128 keys) taken
+// Persistent grid where the caller gives AttentionBackwardArgs::tile_counter (HIPDLRM_SM90_BWD_PERSIST=1;
+// else one block per tile always): one block per multiprocessor walks tiles (sample, kv head, 128 keys) taken
 // from the counter; during the last step of a tile, one thread stages the next tile's k / v (into the second
 // of two k / v buffers) and first q / dO by TMA where they lie wholly inside their sequences; they land while
 // the block finishes that step and stores the epilogue. Lean HSTU instantiations only (the k / v maps need
 // the kv row count; the general kernel would spill more); the rest keeps one block per tile.
+// Off by default (-DHIPDLRM_SM90_BWD_PERSIST=1 to try it): measured slower on the H200, kernel-only HSTU
+// N = 1024: 206.9 TFLOP/s persistent vs 230.7 one block per tile (same run; the cp.async prefetch: 220.2 vs
+// 232.1), every step slower, not only the tile boundaries (docs/attention.md).
 #if !defined(HIPDLRM_SM90_BWD_PERSIST)
-#define HIPDLRM_SM90_BWD_PERSIST 1
+#define HIPDLRM_SM90_BWD_PERSIST 0
 #endif
 #if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
 #define HIPDLRM_SM90_BWD_EPI_SMEM 1
