@@ -47,4 +47,13 @@ inline void* to_device(const void* h, std::size_t bytes) {
   return d;
 }
 
+// The attention backward's tile counter (AttentionBackwardArgs::tile_counter: the wgmma kernel's persistent
+// grid), one per process; null where HIPDLRM_CHECK_NO_PERSIST is set (one block per tile).
+inline int* tile_counter() {
+  static int* counter = nullptr;
+  if (std::getenv("HIPDLRM_CHECK_NO_PERSIST") != nullptr) return nullptr;
+  if (counter == nullptr) CHECK_CUDA(cudaMalloc(&counter, sizeof(int)));
+  return counter;
+}
+
 }  // namespace check

@@ -188,6 +188,7 @@ bool run(const Case& c, std::mt19937& rng) {
   ba.grad_k = gk;
   ba.grad_v = gv;
   ba.grad_q_accum = static_cast<float*>(acc);
+  ba.tile_counter = check::tile_counter();
   CHECK_CUDA(attn::gdpa_backward(ba, nullptr));
   CHECK_CUDA(cudaDeviceSynchronize());
   auto fetch = [&](void* d, std::size_t n) {
@@ -274,6 +275,7 @@ void bench(attn::Activation a, const char* name, int B, int H, int D, int N, int
   ba.grad_k = gk;
   ba.grad_v = gv;
   ba.grad_q_accum = acc;
+  ba.tile_counter = check::tile_counter();
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));

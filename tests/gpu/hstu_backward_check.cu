@@ -191,6 +191,7 @@ Outputs run_backward(const Case& cs, const attn::HstuBackwardArgs& base, std::si
   a.grad_k = dk;
   a.grad_v = dv;
   a.grad_q_accum = acc;
+  a.tile_counter = check::tile_counter();
   a.grad_rab = drab;
   const cudaError_t st = attn::hstu_backward(a, nullptr);
   if (st != cudaSuccess) {
@@ -404,6 +405,7 @@ void bench(std::mt19937& rng) {
       a.grad_k = dk;
       a.grad_v = dv;
       a.grad_q_accum = acc;
+      a.tile_counter = check::tile_counter();
       auto call = [&]() {
         CHECK_CUDA(cudaMemsetAsync(acc, 0, elems * 4, nullptr));
         CHECK_CUDA(attn::hstu_backward(a, nullptr));

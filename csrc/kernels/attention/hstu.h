@@ -88,6 +88,11 @@ struct AttentionBackwardArgs {
   // fp32 [rab_batch, rab_heads, N, N], zeroed by the caller, or null when rab needs no gradient (HSTU).
   // Entries outside every sequence's valid region stay zero. The binding casts it to rab's type.
   float* grad_rab = nullptr;
+  // Four bytes of device memory, or null. Non-null: the wgmma backward (sm90) runs a persistent grid (one
+  // block per multiprocessor) that takes its tiles from this counter (the launcher zeroes it on the stream)
+  // and stages the next tile's k / v and first q / dO while it finishes the current one. Null: one block
+  // per tile. Other kernels ignore it.
+  int* tile_counter = nullptr;
 #if defined(HIPDLRM_SM90_BWD_TIMING)
   // Kernel development only (-DHIPDLRM_SM90_BWD_TIMING in every translation unit): the wgmma backward adds
   // its per-phase clock64 cycle counts here (Sm90BwdTiming), zeroed by the caller.
@@ -97,8 +102,8 @@ struct AttentionBackwardArgs {
 
 #if defined(HIPDLRM_SM90_BWD_TIMING)
 // Slots of the cycle counters of -DHIPDLRM_SM90_BWD_TIMING (AttentionBackwardArgs::timing), summed over
-// blocks by thread 0 of each (its own warpgroup's view of each step): blocks; cycles of the prologue (k, v
-// and the first q / dO staged), of the whole walk and of the epilogue (dK / dV stores); then per step kind
+// blocks by thread 0 of each (its own warpgroup's view of each step): tiles; cycles of the prologue (k, v
+// and the first q / dO staged, or awaited where the previous tile prefetched them), of the whole walk and of the epilogue (dK / dV stores); then per step kind
 // (0: thread 0's 64 keys all valid, 1: masked, 2: nothing valid) the count, the cycles of part A (S, dP,
 // activation, dV, dK, dS stored, up to the barrier) and of part B (dQ and its reductions, the next q / dO
 // awaited, up to the barrier).

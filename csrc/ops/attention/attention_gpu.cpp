@@ -133,6 +133,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     args.grad_k = grad_k.data_ptr();
     args.grad_v = grad_v.data_ptr();
     args.grad_q_accum = grad_q_accum.data_ptr<float>();
+    // The wgmma backward's persistent schedule (zeroed by the launcher); other kernels ignore it.
+    const at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
+    args.tile_counter = tile_counter.data_ptr<int>();
     args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     check_status(ka::hstu_backward(args, stream), op, "backward kernel launch");

@@ -153,6 +153,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   args.grad_k = grad_k.data_ptr();
   args.grad_v = grad_v.data_ptr();
   args.grad_q_accum = grad_q_accum.data_ptr<float>();
+  // The wgmma backward's persistent schedule (zeroed by the launcher); other kernels ignore it.
+  const at::Tensor tile_counter = at::empty({1}, query.options().dtype(at::kInt));
+  args.tile_counter = tile_counter.data_ptr<int>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   check_status(ka::gdpa_backward(args, stream), op, "backward kernel launch");
   return {grad_q, grad_k, grad_v};
