@@ -495,7 +495,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 #pragma unroll
           for (int jj = 0; jj < 8; ++jj) {
             const float s0 = odd ? dq[4 * jj] : dq[4 * jj + 2], s1 = odd ? dq[4 * jj + 1] : dq[4 * jj + 3];
-            const float r0 = __shfl_xor_sync(0xffffffffu, s0, 1), r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
+            const float r0 = gpu::shfl_xor(s0, 1), r1 = gpu::shfl_xor(s1, 1);
             const float vals[4] = {alpha * (odd ? r0 : dq[4 * jj]), alpha * (odd ? r1 : dq[4 * jj + 1]),
                                    alpha * (odd ? dq[4 * jj + 2] : r0), alpha * (odd ? dq[4 * jj + 3] : r1)};
             if (i < nq) gpu::atomic_add_vec<4>(row + 8 * jj, vals);
