@@ -33,39 +33,37 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return fn;
 }
 
-// [rows][cols] at `base` with `ld` elements between rows; false where TMA cannot describe it (alignment,
-// sizes) or the driver has no encoder: the caller then keeps its cp.async path.
-inline bool make_tma_map_2d(CUtensorMap* map, const void* base, bool bf16, std::uint64_t cols, std::uint64_t rows,
-                            std::uint64_t ld, std::uint32_t box_rows) {
+// [rows][cols] of `elem_bytes`-byte elements at `base`, `ld` elements between rows, in boxes of 128 bytes of
+// columns by `box_rows` rows with the 128-byte swizzle; false where TMA cannot describe it (alignment, sizes)
+// or the driver has no encoder: the caller then keeps its cp.async path.
+inline bool encode_tma_map_2d(CUtensorMap* map, const void* base, CUtensorMapDataType dtype, std::uint64_t elem_bytes,
+                              std::uint64_t cols, std::uint64_t rows, std::uint64_t ld, std::uint32_t box_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || base == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || (ld * 2) % 16 != 0 ||
-      cols == 0 || rows == 0 || rows > (std::uint64_t{1} << 31) || box_rows == 0 || box_rows > 256) {
+  if (encode == nullptr || base == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 ||
+      (ld * elem_bytes) % 16 != 0 || cols == 0 || rows == 0 || rows > (std::uint64_t{1} << 31) || box_rows == 0 ||
+      box_rows > 256) {
     return false;
   }
   const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {ld * 2};
-  const cuuint32_t box[2] = {64, box_rows};
+  const cuuint64_t strides[1] = {ld * elem_bytes};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(128 / elem_bytes), box_rows};
   const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(map, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, const_cast<void*>(base),
-                dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode(map, dtype, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The same over fp32 [rows][cols]: boxes of 32 columns (128 bytes) by `box_rows` rows, 128-byte swizzle.
+// 16-bit (bf16 or fp16) [rows][cols]: boxes of 64 columns.
+inline bool make_tma_map_2d(CUtensorMap* map, const void* base, bool bf16, std::uint64_t cols, std::uint64_t rows,
+                            std::uint64_t ld, std::uint32_t box_rows) {
+  return encode_tma_map_2d(map, base, bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                           cols, rows, ld, box_rows);
+}
+
+// fp32 [rows][cols]: boxes of 32 columns.
 inline bool make_tma_map_2d_f32(CUtensorMap* map, const void* base, std::uint64_t cols, std::uint64_t rows,
                                 std::uint64_t ld, std::uint32_t box_rows) {
-  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr || base == nullptr || reinterpret_cast<std::uintptr_t>(base) % 16 != 0 || (ld * 4) % 16 != 0 ||
-      cols == 0 || rows == 0 || rows > (std::uint64_t{1} << 31) || box_rows == 0 || box_rows > 256) {
-    return false;
-  }
-  const cuuint64_t dims[2] = {cols, rows};
-  const cuuint64_t strides[1] = {ld * 4};
-  const cuuint32_t box[2] = {32, box_rows};
-  const cuuint32_t elem_strides[2] = {1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<void*>(base), dims, strides, box, elem_strides,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_tma_map_2d(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, cols, rows, ld, box_rows);
 }
 
 }  // namespace gpu
