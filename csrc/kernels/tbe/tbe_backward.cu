@@ -81,9 +81,14 @@ constexpr int kSegmentBlock = 128;
 // registers, 16 warps: what the kernels need without spilling; the L2 prefetch of the next rows, not
 // more warps, hides the memory latency), 3 for Adam with 4 vectors per lane. AMD takes no bound: hipcc's
 // second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves per SIMD there.
+// HIPDLRM_TBE_SEGMENT_MIN_BLOCKS overrides it (an experiment knob for the standalone benchmark).
 template <int K, int kOpt>
 constexpr int segment_min_blocks() {
+#if defined(HIPDLRM_TBE_SEGMENT_MIN_BLOCKS)
+  return HIPDLRM_TBE_SEGMENT_MIN_BLOCKS;
+#else
   return kOpt == kAdam && K >= 4 ? 3 : 4;
+#endif
 }
 #define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
 
@@ -213,11 +218,21 @@ HIPDLRM_DEVICE int lane_col(int lane, int k) { return (lane + k * gpu::kWaveSize
 // are below 2^31 (D_offsets are int32), so the difference fits; <= 0 means none.
 HIPDLRM_DEVICE int cols_from(std::int64_t cols, std::int64_t col0) { return static_cast<int>(cols - col0); }
 
-// Rows in flight per lane in the summing loops: about 8 vector loads outstanding whatever K.
+// Rows in flight per lane in the summing loops: about 8 vector loads outstanding whatever K
+// (HIPDLRM_TBE_VECTORS_IN_FLIGHT overrides the 8: an experiment knob for the standalone benchmark).
+#if !defined(HIPDLRM_TBE_VECTORS_IN_FLIGHT)
+#define HIPDLRM_TBE_VECTORS_IN_FLIGHT 8
+#endif
 template <int K>
 constexpr int rows_in_flight() {
-  return 8 / K;
+  return HIPDLRM_TBE_VECTORS_IN_FLIGHT / K > 0 ? HIPDLRM_TBE_VECTORS_IN_FLIGHT / K : 1;
 }
+
+// Whether the summing loops size their row groups to the rows left (1, 2, 4, ... up to U) instead of
+// always issuing U (default 1; 0 is the previous code, kept for the A/B).
+#if !defined(HIPDLRM_TBE_FIT_GROUPS)
+#define HIPDLRM_TBE_FIT_GROUPS 1
+#endif
 
 // Columns [col, col + 4) of a row of T with `cols` columns, as raw storage: one vector load when `whole`
 // (the row starts on a vector boundary and cols is a multiple of 4), else element by element; zeros
@@ -595,11 +610,34 @@ HIPDLRM_DEVICE void add_lookups(const float* grad, const LookupCache& c, std::in
       const int col = lane_col(lane, k);
       float v[kVec];
       gpu::unpack_to_float(x[u][k], v);
+      if constexpr (kWhole && HIPDLRM_TBE_FIT_GROUPS) {
+        // Whole vectors: col and left are multiples of 4, so one test covers the vector's 4 columns.
+        if (col < left[u]) {
 #pragma unroll
-      for (int e = 0; e < kVec; ++e)
-        if (col + e < left[u]) acc[k][e] = fmaf(scale[u], v[e], acc[k][e]);
+          for (int e = 0; e < kVec; ++e) acc[k][e] = fmaf(scale[u], v[e], acc[k][e]);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (col + e < left[u]) acc[k][e] = fmaf(scale[u], v[e], acc[k][e]);
+      }
     }
   }
+}
+
+// add_lookups<true, G> for the m (<= U) rows at j, with G the smallest of U, U / 2, U / 4, ... that holds
+// them: a segment of one or two lookups (most of them under uniform indices) issues no loads, broadcasts
+// or predicated adds for rows it does not have. Same adds in the same order, so the same sums.
+template <int U, int K>
+HIPDLRM_DEVICE void add_whole_rows(const float* grad, const LookupCache& c, std::int64_t j, int m, std::int64_t col0,
+                                   float (&acc)[K][kVec]) {
+  if constexpr (U > 1 && HIPDLRM_TBE_FIT_GROUPS) {
+    if (m <= U / 2) {
+      add_whole_rows<U / 2, K>(grad, c, j, m, col0, acc);
+      return;
+    }
+  }
+  add_lookups<true, U>(grad, c, j, m, col0, acc);
 }
 
 // acc = sum over sorted positions [lo, hi), in order, of scale * gradient row (the lane's columns of the
@@ -621,7 +659,7 @@ HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, Loo
     const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
     prefetch_rows<W, kOpt>(p, c, ahead < prefetch_limit ? ahead : prefetch_limit);
     if (c.whole) {
-      add_lookups<true, U>(p.grad_output, c, j, m, col0, acc);
+      add_whole_rows<U>(p.grad_output, c, j, m, col0, acc);
       j += m;
     } else {
       add_lookups<false, 1>(p.grad_output, c, j, 1, col0, acc);
@@ -744,7 +782,11 @@ HIPDLRM_DEVICE void round_vector(const float (&v)[kVec], const OptimizerArgs& o,
   for (int e = 0; e < kVec; ++e) r[e] = v[e];
   if constexpr (!std::is_same<W, float>::value) {
     if (o.stochastic_rounding) {
+#if defined(HIPDLRM_TBE_ROUNDING_ONE_HASH)  // experiment: one splitmix64 per group, none per row (other bits)
+      const std::uint64_t bits = splitmix64(row_state ^ (static_cast<std::uint64_t>(col) / kRoundingGroup));
+#else
       const std::uint64_t bits = rounding_group_bits(row_state, static_cast<std::uint64_t>(col) / kRoundingGroup);
+#endif
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const std::uint32_t b = static_cast<std::uint32_t>(bits >> (16 * e)) & 0xffffu;
@@ -884,8 +926,12 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     if (single) load_row(ref, 0, static_cast<int>(D), r);
     float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
     if constexpr (kOpt == kRowwiseAdagrad) state = p.momentum1[key];
+#if defined(HIPDLRM_TBE_ROUNDING_ONE_HASH)
+    const std::uint64_t row_state = o.rounding_step_state ^ (key << 16);
+#else
     const std::uint64_t row_state =
         !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(o.rounding_step_state, key) : 0;
+#endif
     const int passes = kOpt == kRowwiseAdagrad && !single ? 2 : 1;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
