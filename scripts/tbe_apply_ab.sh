@@ -32,7 +32,7 @@ echo "[tbe-ab] variants built: ${names[*]}"
 {
   echo "variants: $VARIANTS"
   for round in 1 2; do
-    for cfg in 0 1; do
+    for cfg in ${CONFIGS:-0 1}; do
       for name in "${names[@]}"; do
         [ -x "/tmp/tbe_bench_$name" ] || continue
         printf '%-12s round %d  ' "$name" "$round"
