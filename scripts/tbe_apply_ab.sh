@@ -5,7 +5,8 @@
 # then run on configurations 0 and 1 (uniform fp16, the ones short of the 40% target) in two rounds,
 # interleaved, so drift shows. The hash column is the correctness check: variants that only reschedule
 # must print the default build's hash. With EXT=1 the extension is also built (meanwhile) and
-# test_tbe_backward.py plus `benchmarks/tbe.py --pass backward --configs 0,1 --alphas 1.0` run after.
+# test_tbe_backward.py (PYTEST_FILES) plus `benchmarks/tbe.py --pass backward --configs 0,1 --alphas 1.0`
+# (BENCH_ARGS) run after.
 # Results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -44,9 +45,10 @@ echo "[tbe-ab] variants built: ${names[*]}"
 if [ "${EXT:-0}" = 1 ]; then
   wait $BUILD || { tail -30 /tmp/tbe_ext_build.log; exit 1; }
   echo "[tbe-ab] extension built"
-  timeout 300 python3 -m pytest tests/python/test_tbe_backward.py -q -p no:cacheprovider > "$OUT/pytest-tbe-backward-$rev.log" 2>&1
+  timeout 300 python3 -m pytest ${PYTEST_FILES:-tests/python/test_tbe_backward.py} -q -p no:cacheprovider > "$OUT/pytest-tbe-backward-$rev.log" 2>&1
   echo "[tbe-ab] test_tbe_backward: $(tail -1 "$OUT/pytest-tbe-backward-$rev.log")"
   grep -E "^FAILED|Error" "$OUT/pytest-tbe-backward-$rev.log" | head -8
-  timeout 200 python3 benchmarks/tbe.py --pass backward --configs 0,1 --alphas 1.0 \
-    --out "$OUT/tbe-backward-cuda-h200-$rev.json" 2>&1 | tail -14
+  # shellcheck disable=SC2086
+  timeout 300 python3 benchmarks/tbe.py --pass backward ${BENCH_ARGS:---configs 0,1 --alphas 1.0} \
+    --out "$OUT/tbe-backward-cuda-h200-$rev.json" 2>&1 | tail -24
 fi

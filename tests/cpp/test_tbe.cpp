@@ -1,5 +1,6 @@
 // TBE forward: the launch-layout choice (host arithmetic shared with the GPU launcher) and the CPU
 // operator through the dispatcher, as a LibTorch user calls it.
+#include <set>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -91,10 +92,10 @@ TEST(TbeForwardCpu, RejectsOutOfRangeIndex) {
   EXPECT_THROW(tbe_forward(weights, i64({0}), i32({0, 4}), i64({2}), 4, 4, i64({2}), i64({0, 1}), 0), c10::Error);
 }
 
-// Stochastic rounding's random bits: the host hashes the call's (seed, step) once and the kernels hash each
-// row from it; the result must stay splitmix64(splitmix64(seed ^ splitmix64(step)) ^ row), the documented
-// row state (reproducible runs and resumed checkpoints depend on it). The reference hash below is written
-// independently from its published definition and checked against its known first output for state 0.
+// Stochastic rounding's random bits: the host hashes the call's (seed, step) once; a row's state is that
+// XOR (row << 16); a group of 4 columns gets splitmix64(row state ^ group). The documented scheme
+// (reproducible runs and resumed checkpoints depend on it) is checked here against a reference hash
+// written independently from splitmix64's published definition and its known first output for state 0.
 namespace {
 std::uint64_t reference_splitmix64(std::uint64_t state) {
   std::uint64_t z = state + 0x9E3779B97F4A7C15ull;
@@ -104,18 +105,36 @@ std::uint64_t reference_splitmix64(std::uint64_t state) {
 }
 }  // namespace
 
-TEST(TbeRounding, RowStateFromTheHostHashedStepState) {
+TEST(TbeRounding, BitsFollowTheDocumentedHash) {
   namespace ktbe = hipdlrm::kernels::tbe;
   EXPECT_EQ(reference_splitmix64(0), 0xE220A8397B1DCDAFull);
   for (std::uint64_t seed : {0ull, 1ull, 0x123456789ull}) {
     for (std::uint64_t step : {0ull, 1ull, 1000ull}) {
       const std::uint64_t step_state = ktbe::rounding_step_state(seed, step);
+      EXPECT_EQ(step_state, reference_splitmix64(seed ^ reference_splitmix64(step)));
       for (std::uint64_t row : {0ull, 5ull, 999999ull, 1ull << 40}) {
-        const std::uint64_t expected =
-            reference_splitmix64(reference_splitmix64(seed ^ reference_splitmix64(step)) ^ row);
-        EXPECT_EQ(ktbe::rounding_row_state_from(step_state, row), expected) << seed << " " << step << " " << row;
-        EXPECT_EQ(ktbe::rounding_row_state(seed, step, row), expected);
+        const std::uint64_t row_state = step_state ^ (row << 16);
+        EXPECT_EQ(ktbe::rounding_row_state_from(step_state, row), row_state) << seed << " " << step << " " << row;
+        EXPECT_EQ(ktbe::rounding_row_state(seed, step, row), row_state);
+        for (std::uint64_t col : {0ull, 1ull, 3ull, 4ull, 191ull, 1023ull}) {
+          const std::uint64_t group = reference_splitmix64(row_state ^ (col / 4));
+          EXPECT_EQ(ktbe::rounding_bits(row_state, col), static_cast<std::uint32_t>(group >> (16 * (col % 4))) & 0xffffu)
+              << seed << " " << step << " " << row << " " << col;
+        }
       }
     }
   }
+}
+
+// No two (row, group) pairs of a step share their random bits: the hash inputs (row << 16) ^ group are
+// distinct for rows below 2^48 and groups below 2^16, and splitmix64 is a bijection. Neighbouring rows
+// and groups (the pairs a careless packing would collide first) checked exhaustively on a small range.
+TEST(TbeRounding, GroupsOfAStepGetDistinctBits) {
+  namespace ktbe = hipdlrm::kernels::tbe;
+  const std::uint64_t step_state = ktbe::rounding_step_state(42, 7);
+  std::set<std::uint64_t> seen;
+  for (std::uint64_t row : {0ull, 1ull, 2ull, 65535ull, 65536ull, 65537ull, (1ull << 47) + 3})
+    for (std::uint64_t q = 0; q < 300; ++q)
+      EXPECT_TRUE(seen.insert(ktbe::rounding_group_bits(ktbe::rounding_row_state_from(step_state, row), q)).second)
+          << row << " " << q;
 }

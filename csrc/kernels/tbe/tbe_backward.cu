@@ -77,17 +77,21 @@ constexpr gpu::status_t kWorkspaceTooSmall = cudaErrorInvalidValue;
 // block granularity, sets how many waves fit.
 constexpr int kSegmentBlock = 128;
 
-// Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 4 (128
-// registers, 16 warps: what the kernels need without spilling; the L2 prefetch of the next rows, not
-// more warps, hides the memory latency), 3 for Adam with 4 vectors per lane. AMD takes no bound: hipcc's
-// second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves per SIMD there.
-// HIPDLRM_TBE_SEGMENT_MIN_BLOCKS overrides it (an experiment knob for the standalone benchmark).
+// Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 6 (80
+// registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4, 3 for Adam
+// with 4. The apply kernel is bound by the latency of its per-segment integer work (Nsight Compute:
+// 2.1 cycles per issued instruction waiting on fixed-latency dependencies, ~1 eligible warp per
+// scheduler), so more warps beat more loads in flight per warp: 24 warps with 4 vectors in flight
+// measured 3.6-10% faster than 16 with 8 on the benchmark's dims 192 and 256 (2 vectors per lane; 28 or
+// 32 warps spill and were slower; tests/gpu/tbe_backward_bench.cu, docs/tbe.md). AMD takes no bound:
+// hipcc's second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves per
+// SIMD there. HIPDLRM_TBE_SEGMENT_MIN_BLOCKS overrides it (an experiment knob for the standalone benchmark).
 template <int K, int kOpt>
 constexpr int segment_min_blocks() {
 #if defined(HIPDLRM_TBE_SEGMENT_MIN_BLOCKS)
   return HIPDLRM_TBE_SEGMENT_MIN_BLOCKS;
 #else
-  return kOpt == kAdam && K >= 4 ? 3 : 4;
+  return kOpt == kAdam && K >= 4 ? 3 : (K <= 2 ? 6 : 4);
 #endif
 }
 #define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
@@ -218,10 +222,11 @@ HIPDLRM_DEVICE int lane_col(int lane, int k) { return (lane + k * gpu::kWaveSize
 // are below 2^31 (D_offsets are int32), so the difference fits; <= 0 means none.
 HIPDLRM_DEVICE int cols_from(std::int64_t cols, std::int64_t col0) { return static_cast<int>(cols - col0); }
 
-// Rows in flight per lane in the summing loops: about 8 vector loads outstanding whatever K
-// (HIPDLRM_TBE_VECTORS_IN_FLIGHT overrides the 8: an experiment knob for the standalone benchmark).
+// Rows in flight per lane in the summing loops: about 4 vector loads outstanding whatever K (8 measured
+// slower once the register budget above allows 24 warps: they do not fit in 80 registers;
+// HIPDLRM_TBE_VECTORS_IN_FLIGHT overrides the 4: an experiment knob for the standalone benchmark).
 #if !defined(HIPDLRM_TBE_VECTORS_IN_FLIGHT)
-#define HIPDLRM_TBE_VECTORS_IN_FLIGHT 8
+#define HIPDLRM_TBE_VECTORS_IN_FLIGHT 4
 #endif
 template <int K>
 constexpr int rows_in_flight() {
@@ -782,11 +787,7 @@ HIPDLRM_DEVICE void round_vector(const float (&v)[kVec], const OptimizerArgs& o,
   for (int e = 0; e < kVec; ++e) r[e] = v[e];
   if constexpr (!std::is_same<W, float>::value) {
     if (o.stochastic_rounding) {
-#if defined(HIPDLRM_TBE_ROUNDING_ONE_HASH)  // experiment: one splitmix64 per group, none per row (other bits)
-      const std::uint64_t bits = splitmix64(row_state ^ (static_cast<std::uint64_t>(col) / kRoundingGroup));
-#else
       const std::uint64_t bits = rounding_group_bits(row_state, static_cast<std::uint64_t>(col) / kRoundingGroup);
-#endif
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         const std::uint32_t b = static_cast<std::uint32_t>(bits >> (16 * e)) & 0xffffu;
@@ -922,16 +923,13 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     // summed and sums it once. A wider row goes chunk by chunk; row-wise Adagrad, which needs the whole
     // row's gradient before it updates any column, then makes two passes: the first only measures.
     const bool single = D <= kChunk;
+    const bool whole_vectors = D % kVec == 0;  // then left (D - col0) is a multiple of 4 as col is
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
     float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
     if constexpr (kOpt == kRowwiseAdagrad) state = p.momentum1[key];
-#if defined(HIPDLRM_TBE_ROUNDING_ONE_HASH)
-    const std::uint64_t row_state = o.rounding_step_state ^ (key << 16);
-#else
     const std::uint64_t row_state =
         !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(o.rounding_step_state, key) : 0;
-#endif
     const int passes = kOpt == kRowwiseAdagrad && !single ? 2 : 1;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
@@ -943,11 +941,12 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
             for (int k = 0; k < K; ++k) {
               const int col = lane_col(lane, k);
+              if (whole_vectors && col >= left) continue;  // one test for the vector's 4 columns
               float wv[kVec];
               gpu::unpack_to_float(r.w[k], wv);
 #pragma unroll
               for (int e = 0; e < kVec; ++e) {
-                if (col + e >= left) continue;
+                if (!whole_vectors && col + e >= left) continue;
                 float g = acc[k][e];
                 if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, wv[e], g);
                 squares = fmaf(g, g, squares);

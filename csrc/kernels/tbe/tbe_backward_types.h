@@ -62,18 +62,22 @@ HIPDLRM_TBE_HOST_DEVICE std::uint64_t splitmix64(std::uint64_t x) {
 }
 
 // The random bits of stochastic rounding: a counter-based hash of (seed, step, row, column), so they do
-// not depend on which thread (or which device) rounds the value. One splitmix64 per row and step gives
-// the row's state; one more per group of kRoundingGroup consecutive columns gives 16 bits to each column
-// of the group (the 16-bit formats use at most 16), so a lane that owns a 4-column vector hashes once.
+// not depend on which thread (or which device) rounds the value. The call's part, splitmix64(seed ^
+// splitmix64(step)), is hashed once on the host (OptimizerArgs::rounding_step_state); a row's state is
+// that XOR the row number shifted up 16 bits (no hash); one splitmix64 of the row state XOR the group
+// number q gives 64 bits to the group of kRoundingGroup consecutive columns 4q .. 4q + 3, 16 to each
+// (the 16-bit formats use at most 16), so a lane that owns a 4-column vector hashes once. The inputs
+// (row << 16) ^ q are distinct for distinct (row, q) while rows < 2^48 and rows have fewer than 2^18
+// columns, and splitmix64 is a bijection, so no two groups of a step share their bits.
+// (Until the one-hash scheme the row state was one more splitmix64, splitmix64(step state ^ row), and the
+// group's bits splitmix64(row state ^ q * 0xD6E8FEB86659FD93): other bits, the same distribution.)
 constexpr std::uint64_t kRoundingGroup = 4;
 
-// The call's part of the row state, the same for every row: the host computes it once (OptimizerArgs::
-// rounding_step_state), so a kernel hashes once per row instead of three times.
 HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_step_state(std::uint64_t seed, std::uint64_t step) {
   return splitmix64(seed ^ splitmix64(step));
 }
 HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_row_state_from(std::uint64_t step_state, std::uint64_t row) {
-  return splitmix64(step_state ^ row);
+  return step_state ^ (row << 16);
 }
 HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_row_state(std::uint64_t seed, std::uint64_t step, std::uint64_t row) {
   return rounding_row_state_from(rounding_step_state(seed, step), row);
@@ -82,7 +86,7 @@ HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_row_state(std::uint64_t seed, std
 // 64 random bits for the columns kRoundingGroup * q .. + kRoundingGroup - 1 of a row: bits [16c, 16c + 16)
 // belong to the group's column c.
 HIPDLRM_TBE_HOST_DEVICE std::uint64_t rounding_group_bits(std::uint64_t row_state, std::uint64_t q) {
-  return splitmix64(row_state ^ (q * 0xD6E8FEB86659FD93ull));
+  return splitmix64(row_state ^ q);
 }
 
 // The 16 random bits of column `col` (the group's bits, shifted into place).
