@@ -78,8 +78,8 @@ constexpr gpu::status_t kWorkspaceTooSmall = cudaErrorInvalidValue;
 constexpr int kSegmentBlock = 128;
 
 // Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 6 (80
-// registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4, 3 for Adam
-// with 4. The apply kernel is bound by the latency of its per-segment integer work (Nsight Compute:
+// registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4 and for Adam
+// (whose two states per element spill hundreds of bytes in 80 registers), 3 for Adam with 4. The apply kernel is bound by the latency of its per-segment integer work (Nsight Compute:
 // 2.1 cycles per issued instruction waiting on fixed-latency dependencies, ~1 eligible warp per
 // scheduler), so more warps beat more loads in flight per warp: 24 warps with 4 vectors in flight
 // measured 3.6-10% faster than 16 with 8 on the benchmark's dims 192 and 256 (2 vectors per lane; 28 or
@@ -91,7 +91,7 @@ constexpr int segment_min_blocks() {
 #if defined(HIPDLRM_TBE_SEGMENT_MIN_BLOCKS)
   return HIPDLRM_TBE_SEGMENT_MIN_BLOCKS;
 #else
-  return kOpt == kAdam && K >= 4 ? 3 : (K <= 2 ? 6 : 4);
+  return kOpt == kAdam ? (K >= 4 ? 3 : 4) : (K <= 2 ? 6 : 4);
 #endif
 }
 #define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
