@@ -561,6 +561,9 @@ constexpr int prefetch_ahead_rows() {
 // gpu::prefetch_l2). Every lane of the wave calls it alike.
 template <typename W, int kOpt>
 HIPDLRM_DEVICE void prefetch_rows(const SegmentProblem& p, LookupCache& c, std::int64_t target) {
+#if defined(HIPDLRM_TBE_NO_PREFETCH)  // experiment knob: no L2 prefetch of the next rows
+  return;
+#endif
   const std::int64_t end = target < c.c0 + gpu::kWaveSize ? target : c.c0 + gpu::kWaveSize;
   if (c.prefetched >= end) return;
   const int lane = gpu::lane_id();
@@ -923,7 +926,11 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     // summed and sums it once. A wider row goes chunk by chunk; row-wise Adagrad, which needs the whole
     // row's gradient before it updates any column, then makes two passes: the first only measures.
     const bool single = D <= kChunk;
+#if defined(HIPDLRM_TBE_SQUARES_PER_ELEMENT)  // experiment knob: the previous per-column test
+    const bool whole_vectors = false;
+#else
     const bool whole_vectors = D % kVec == 0;  // then left (D - col0) is a multiple of 4 as col is
+#endif
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
     float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
