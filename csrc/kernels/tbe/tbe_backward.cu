@@ -554,6 +554,14 @@ constexpr int prefetch_ahead_rows() {
   return 8 / K;
 }
 
+// Whether the sorted stages prefetch the next rows into L2 (below). Off: with 24 warps per
+// multiprocessor (segment_min_blocks) the prefetch's integer work and registers cost more than the
+// latency it hides (same-run A/B at 888a125: the backward 6.2% / 6.5% / 8% faster without it on
+// configurations 0, 1 and 5; tests/gpu/tbe_backward_bench.cu, docs/tbe.md). 1 compiles it back in.
+#if !defined(HIPDLRM_TBE_L2_PREFETCH)
+#define HIPDLRM_TBE_L2_PREFETCH 0
+#endif
+
 // Prefetches into L2 the rows of the cached lookups at sorted positions [c.prefetched, end), end =
 // min(target, the cache's end): each lane its own lookup's gradient row and, with kOpt an optimizer, the
 // weight row (and state) of a lookup that starts a segment. The loads of the next lookups and segments
@@ -561,9 +569,7 @@ constexpr int prefetch_ahead_rows() {
 // gpu::prefetch_l2). Every lane of the wave calls it alike.
 template <typename W, int kOpt>
 HIPDLRM_DEVICE void prefetch_rows(const SegmentProblem& p, LookupCache& c, std::int64_t target) {
-#if defined(HIPDLRM_TBE_NO_PREFETCH)  // experiment knob: no L2 prefetch of the next rows
-  return;
-#endif
+  if constexpr (!HIPDLRM_TBE_L2_PREFETCH) return;
   const std::int64_t end = target < c.c0 + gpu::kWaveSize ? target : c.c0 + gpu::kWaveSize;
   if (c.prefetched >= end) return;
   const int lane = gpu::lane_id();
@@ -926,11 +932,6 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     // summed and sums it once. A wider row goes chunk by chunk; row-wise Adagrad, which needs the whole
     // row's gradient before it updates any column, then makes two passes: the first only measures.
     const bool single = D <= kChunk;
-#if defined(HIPDLRM_TBE_SQUARES_PER_ELEMENT)  // experiment knob: the previous per-column test
-    const bool whole_vectors = false;
-#else
-    const bool whole_vectors = D % kVec == 0;  // then left (D - col0) is a multiple of 4 as col is
-#endif
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
     float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
@@ -948,12 +949,11 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
             for (int k = 0; k < K; ++k) {
               const int col = lane_col(lane, k);
-              if (whole_vectors && col >= left) continue;  // one test for the vector's 4 columns
               float wv[kVec];
               gpu::unpack_to_float(r.w[k], wv);
 #pragma unroll
               for (int e = 0; e < kVec; ++e) {
-                if (!whole_vectors && col + e >= left) continue;
+                if (col + e >= left) continue;
                 float g = acc[k][e];
                 if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, wv[e], g);
                 squares = fmaf(g, g, squares);
