@@ -3,7 +3,7 @@
 # benchmark tests/gpu/tbe_backward_bench.cu (no torch). Each variant is the same sources built with other
 # -D options (listed below; override with VARIANTS="name:flags;name:flags"); all are built in parallel,
 # then run on configurations 0 and 1 (uniform fp16, the ones short of the 40% target) in two rounds,
-# interleaved, so drift shows. The hash column is the correctness check: variants that only reschedule
+# interleaved, so drift shows (ALPHAS="1.0 1.15": also Zipf indices). The hash column is the correctness check: variants that only reschedule
 # must print the default build's hash. With EXT=1 the extension is also built (meanwhile) and
 # test_tbe_backward.py (PYTEST_FILES) plus `benchmarks/tbe.py --pass backward --configs 0,1 --alphas 1.0`
 # (BENCH_ARGS) run after.
@@ -32,12 +32,14 @@ for i in "${!pids[@]}"; do wait "${pids[$i]}" || { echo "[tbe-ab] ${names[$i]} f
 echo "[tbe-ab] variants built: ${names[*]}"
 {
   echo "variants: $VARIANTS"
-  for round in 1 2; do
+  for round in $(seq 1 "${ROUNDS:-2}"); do
     for cfg in ${CONFIGS:-0 1}; do
       for name in "${names[@]}"; do
         [ -x "/tmp/tbe_bench_$name" ] || continue
         printf '%-12s round %d  ' "$name" "$round"
-        timeout 120 "/tmp/tbe_bench_$name" --configs "$cfg" --reps "${REPS:-15}" 2>&1 | tail -1
+        for alpha in ${ALPHAS:-1.0}; do
+          timeout 120 "/tmp/tbe_bench_$name" --configs "$cfg" --reps "${REPS:-15}" --alpha "$alpha" 2>&1 | tail -1
+        done
       done
     done
   done

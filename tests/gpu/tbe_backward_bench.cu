@@ -1,7 +1,7 @@
 // Standalone timing of the TBE backward kernels (no torch), for A/B runs of kernel variants built with
 // different -D options side by side (scripts/tbe_apply_ab.sh). One problem like benchmarks/tbe.py's
 // configurations: B bags of L lookups per feature, T features each with its own table of R rows of dim D,
-// uniform indices (int64), SUM pooling, EXACT_ROWWISE_ADAGRAD (stochastic rounding for 16-bit weights).
+// uniform indices (int64; --alpha > 1: Zipf as benchmarks/tbe.py), SUM pooling, EXACT_ROWWISE_ADAGRAD (stochastic rounding for 16-bit weights).
 //
 // It prints, per configuration: the time of the whole backward (stage 1: sort, segments, hot pieces;
 // stage 2: apply) and of the apply kernel alone, median of --reps calls (events), and a 64-bit FNV-1a
@@ -14,6 +14,7 @@
 //   tests/gpu/tbe_backward_bench.cu csrc/kernels/tbe/tbe_backward.cu -o tbe_bench
 // Run: ./tbe_bench [--configs 0,1] [--reps 20] [--rows 1000000]
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -102,7 +103,7 @@ std::pair<std::uint64_t, std::uint64_t> digest(const T* x, std::int64_t n, std::
   return {h[0], h[1]};
 }
 
-void run(const Config& cfg, std::int64_t rows, int reps) {
+void run(const Config& cfg, std::int64_t rows, int reps, double alpha) {
   const std::int64_t T = cfg.T, B = cfg.B, L = cfg.L, D = cfg.D;
   const std::int64_t N = T * B * L, total_rows = T * rows, elem = cfg.fp16 ? 2 : 4;
   const std::int64_t numel = total_rows * D;
@@ -119,7 +120,26 @@ void run(const Config& cfg, std::int64_t rows, int reps) {
   // Indices feature-major (offsets[t * B + b]), uniform over the feature's table.
   std::vector<std::int64_t> indices(N), offsets(T * B + 1);
   std::uniform_int_distribution<std::int64_t> row_dist(0, rows - 1);
-  for (auto& v : indices) v = row_dist(gen);
+  if (alpha <= 1.0) {
+    for (auto& v : indices) v = row_dist(gen);
+  } else {
+    // Zipf(alpha) over the ranks 1..rows by inverse-CDF sampling, ranks mapped to rows by a random
+    // permutation per table (as benchmarks/tbe.py's zipf_indices).
+    std::vector<double> cdf(static_cast<std::size_t>(rows));
+    double total = 0.0;
+    for (std::int64_t r = 0; r < rows; ++r) cdf[r] = (total += std::pow(static_cast<double>(r + 1), -alpha));
+    for (auto& c : cdf) c /= total;
+    std::uniform_real_distribution<double> u01(0.0, 1.0);
+    std::vector<std::int64_t> perm(static_cast<std::size_t>(rows));
+    for (std::int64_t t = 0; t < T; ++t) {
+      for (std::int64_t r = 0; r < rows; ++r) perm[r] = r;
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (std::int64_t i = t * B * L; i < (t + 1) * B * L; ++i) {
+        const std::int64_t r = std::lower_bound(cdf.begin(), cdf.end(), u01(gen)) - cdf.begin();
+        indices[i] = perm[r < rows ? r : rows - 1];
+      }
+    }
+  }
   for (std::int64_t g = 0; g <= T * B; ++g) offsets[g] = g * L;
   // Weights uniform in [-1, 1) (the benchmark's init_embedding_weights_uniform), gradients in [-0.01, 0.01).
   void* d_weights = nullptr;
@@ -218,10 +238,10 @@ void run(const Config& cfg, std::int64_t rows, int reps) {
   const double ms = whole[whole.size() / 2], apply_ms = only_apply[only_apply.size() / 2];
   // FBGEMM's count: 2 x the forward's bytes (pooled output rows in fp32 and the looked-up rows).
   const double fwd_bytes = static_cast<double>(B * T * D * 4) + static_cast<double>(N * D * elem);
-  std::printf("tbe bwd B=%lld T=%lld L=%lld D=%lld %s: backward %.3f ms (%.0f GB/s by 2 x bytes), apply %.3f ms; "
+  std::printf("tbe bwd B=%lld T=%lld L=%lld D=%lld %s alpha=%.2f: backward %.3f ms (%.0f GB/s by 2 x bytes), apply %.3f ms; "
               "segments %d, weights changed %llu, states set %llu, hash %016llx\n",
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(L),
-              static_cast<long long>(D), cfg.fp16 ? "fp16" : "fp32", ms, 2.0 * fwd_bytes / (ms * 1e6), apply_ms,
+              static_cast<long long>(D), cfg.fp16 ? "fp16" : "fp32", alpha, ms, 2.0 * fwd_bytes / (ms * 1e6), apply_ms,
               segments, static_cast<unsigned long long>(wd.second), static_cast<unsigned long long>(md.second),
               static_cast<unsigned long long>(hash));
   cudaFree(d_weights);
@@ -243,13 +263,15 @@ int main(int argc, char** argv) {
   std::string configs = "0,1";
   int reps = 20;
   std::int64_t rows = 1000000;
+  double alpha = 1.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--configs" && i + 1 < argc) configs = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::max(1, std::atoi(argv[++i]));
     else if (a == "--rows" && i + 1 < argc) rows = std::max<std::int64_t>(1, std::atoll(argv[++i]));
+    else if (a == "--alpha" && i + 1 < argc) alpha = std::atof(argv[++i]);
     else {
-      std::fprintf(stderr, "usage: %s [--configs 0,1] [--reps 20] [--rows 1000000]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--configs 0,1] [--reps 20] [--rows 1000000] [--alpha 1.0 (uniform; > 1: Zipf)]\n", argv[0]);
       return 2;
     }
   }
@@ -262,7 +284,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "no configuration %d (0..7)\n", c);
       return 2;
     }
-    run(kConfigs[c], rows, reps);
+    run(kConfigs[c], rows, reps, alpha);
     if (comma == std::string::npos) break;
     at = comma + 1;
   }

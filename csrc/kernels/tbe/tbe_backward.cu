@@ -554,13 +554,20 @@ constexpr int prefetch_ahead_rows() {
   return 8 / K;
 }
 
-// Whether the sorted stages prefetch the next rows into L2 (below). Off: with 24 warps per
-// multiprocessor (segment_min_blocks) the prefetch's integer work and registers cost more than the
-// latency it hides (same-run A/B at 888a125: the backward 6.2% / 6.5% / 8% faster without it on
-// configurations 0, 1 and 5; tests/gpu/tbe_backward_bench.cu, docs/tbe.md). 1 compiles it back in.
+// When the sorted stages prefetch rows into L2 (below): 0 never, 1 always (the next lookups' rows and
+// the next segments' weight rows, before each segment and group of rows: the previous kernel), 2 (default)
+// only inside a segment longer than kPrefetchMinRows, for that segment's own later rows. With 24 warps
+// per multiprocessor (segment_min_blocks) prefetching ahead of every short segment costs more integer
+// work and registers than the latency it hides (same-run A/B at 888a125: the backward 6.2% / 6.5% / 8%
+// faster without it on configurations 0, 1 and 5), while hot rows under Zipf indices still gain from it
+// (tests/gpu/tbe_backward_bench.cu, docs/tbe.md).
 #if !defined(HIPDLRM_TBE_L2_PREFETCH)
-#define HIPDLRM_TBE_L2_PREFETCH 0
+#define HIPDLRM_TBE_L2_PREFETCH 2
 #endif
+#if !defined(HIPDLRM_TBE_PREFETCH_MIN_ROWS)
+#define HIPDLRM_TBE_PREFETCH_MIN_ROWS 8
+#endif
+constexpr std::int64_t kPrefetchMinRows = HIPDLRM_TBE_PREFETCH_MIN_ROWS;
 
 // Prefetches into L2 the rows of the cached lookups at sorted positions [c.prefetched, end), end =
 // min(target, the cache's end): each lane its own lookup's gradient row and, with kOpt an optimizer, the
@@ -569,7 +576,6 @@ constexpr int prefetch_ahead_rows() {
 // gpu::prefetch_l2). Every lane of the wave calls it alike.
 template <typename W, int kOpt>
 HIPDLRM_DEVICE void prefetch_rows(const SegmentProblem& p, LookupCache& c, std::int64_t target) {
-  if constexpr (!HIPDLRM_TBE_L2_PREFETCH) return;
   const std::int64_t end = target < c.c0 + gpu::kWaveSize ? target : c.c0 + gpu::kWaveSize;
   if (c.prefetched >= end) return;
   const int lane = gpu::lane_id();
@@ -670,8 +676,16 @@ HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, Loo
   for (std::int64_t j = lo; j < hi;) {
     const int m = hi - j < U ? static_cast<int>(hi - j) : U;
     ensure_cached(p, w, j, m, c);
-    const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
-    prefetch_rows<W, kOpt>(p, c, ahead < prefetch_limit ? ahead : prefetch_limit);
+    if constexpr (HIPDLRM_TBE_L2_PREFETCH == 1) {
+      const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
+      prefetch_rows<W, kOpt>(p, c, ahead < prefetch_limit ? ahead : prefetch_limit);
+    } else if constexpr (HIPDLRM_TBE_L2_PREFETCH == 2) {
+      if (hi - lo > kPrefetchMinRows) {  // this long segment's own next rows only (no weight rows)
+        if (c.prefetched < j + m) c.prefetched = j + m;  // rows before j + m: loaded now or done
+        const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
+        prefetch_rows<W, kWriteGradient>(p, c, ahead < hi ? ahead : hi);
+      }
+    }
     if (c.whole) {
       add_whole_rows<U>(p.grad_output, c, j, m, col0, acc);
       j += m;
@@ -895,9 +909,11 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
   // The row, its dim and its weight offset are the first lookup's; a summed segment's first lookups are
   // cached together with it.
   ensure_cached(p, w, lo, hi - lo > kHotPiece ? 1 : (hi - lo < U ? hi - lo : U), c);
-  if (hi - lo <= kHotPiece) {  // a hot segment's lookups are summed by the pieces, not here
-    const std::int64_t ahead = hi + prefetch_ahead_rows<K>();
-    prefetch_rows<W, kOpt>(p, c, ahead < limit ? ahead : limit);  // this segment's rows and the next ones'
+  if constexpr (HIPDLRM_TBE_L2_PREFETCH == 1) {
+    if (hi - lo <= kHotPiece) {  // a hot segment's lookups are summed by the pieces, not here
+      const std::int64_t ahead = hi + prefetch_ahead_rows<K>();
+      prefetch_rows<W, kOpt>(p, c, ahead < limit ? ahead : limit);  // this segment's rows and the next ones'
+    }
   }
   const int first = static_cast<int>(lo - c.c0);
   const std::uint64_t key = gpu::broadcast(c.key, first);
