@@ -554,19 +554,22 @@ constexpr int prefetch_ahead_rows() {
   return 8 / K;
 }
 
-// When the sorted stages prefetch rows into L2 (below): 0 never, 1 always (the next lookups' rows and
-// the next segments' weight rows, before each segment and group of rows: the previous kernel), 2 (default)
-// only inside a segment longer than kPrefetchMinRows, for that segment's own later rows. With 24 warps
-// per multiprocessor (segment_min_blocks) prefetching ahead of every short segment costs more integer
-// work and registers than the latency it hides (same-run A/B at 888a125: the backward 6.2% / 6.5% / 8%
-// faster without it on configurations 0, 1 and 5), while hot rows under Zipf indices still gain from it
-// (tests/gpu/tbe_backward_bench.cu, docs/tbe.md).
-#if !defined(HIPDLRM_TBE_L2_PREFETCH)
-#define HIPDLRM_TBE_L2_PREFETCH 2
-#endif
+// Two builds of the apply kernel, both launched, each checking on the device which of them the call's
+// segments want (the other returns at once): with few lookups per segment (uniform indices) no L2
+// prefetch at all — with 24 warps per multiprocessor (segment_min_blocks) the prefetch's integer work
+// and registers cost more than the latency it hides, even compiled in and not taken (same-run A/B at
+// 888a125 and 6f05f02: 6-14% faster without it on configurations 0, 1); with more than
+// kPrefetchMinMean lookups per segment on average (Zipf indices, hot rows) the build that, inside a
+// segment longer than kPrefetchMinRows, prefetches that segment's next rows (8-10% faster there;
+// tests/gpu/tbe_backward_bench.cu, docs/tbe.md). The hot-piece kernel always prefetches (its segments
+// are long by definition).
 #if !defined(HIPDLRM_TBE_PREFETCH_MIN_ROWS)
 #define HIPDLRM_TBE_PREFETCH_MIN_ROWS 8
 #endif
+#if !defined(HIPDLRM_TBE_PREFETCH_MIN_MEAN)
+#define HIPDLRM_TBE_PREFETCH_MIN_MEAN 8
+#endif
+constexpr std::int64_t kPrefetchMinMean = HIPDLRM_TBE_PREFETCH_MIN_MEAN;
 constexpr std::int64_t kPrefetchMinRows = HIPDLRM_TBE_PREFETCH_MIN_ROWS;
 
 // Prefetches into L2 the rows of the cached lookups at sorted positions [c.prefetched, end), end =
@@ -664,7 +667,7 @@ HIPDLRM_DEVICE void add_whole_rows(const float* grad, const LookupCache& c, std:
 // chunk at col0; 0 for a column past the lookup's dim). Every lane of the wave calls it alike. Rows of
 // whole vectors go U at a time; others (dims or starts not a multiple of 4) one at a time. Rows up to
 // prefetch_limit (the end of the wave's work) are prefetched a group ahead.
-template <typename W, int K, int kOpt>
+template <typename W, int K, int kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
                                 std::int64_t hi, std::int64_t col0, std::int64_t prefetch_limit,
                                 float (&acc)[K][kVec]) {
@@ -676,10 +679,7 @@ HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, Loo
   for (std::int64_t j = lo; j < hi;) {
     const int m = hi - j < U ? static_cast<int>(hi - j) : U;
     ensure_cached(p, w, j, m, c);
-    if constexpr (HIPDLRM_TBE_L2_PREFETCH == 1) {
-      const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
-      prefetch_rows<W, kOpt>(p, c, ahead < prefetch_limit ? ahead : prefetch_limit);
-    } else if constexpr (HIPDLRM_TBE_L2_PREFETCH == 2) {
+    if constexpr (kPrefetch) {
       if (hi - lo > kPrefetchMinRows) {  // this long segment's own next rows only (no weight rows)
         if (c.prefetched < j + m) c.prefetched = j + m;  // rows before j + m: loaded now or done
         const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
@@ -737,7 +737,7 @@ __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kWriteGradient
     const bool whole = partials_whole(p.max_D, D);
     for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
       float acc[K][kVec];
-      sum_lookups<float, K, kWriteGradient>(p, w, c, lo, hi, col0, hi, acc);
+      sum_lookups<float, K, kWriteGradient, true>(p, w, c, lo, hi, col0, hi, acc);
 #pragma unroll
       for (int k = 0; k < K; ++k) store_cols(out + col0, lane_col(lane, k), cols_from(D, col0), whole, acc[k]);
     }
@@ -794,11 +794,11 @@ HIPDLRM_DEVICE void sum_pieces(const Workspace& w, std::int64_t max_D, std::int6
 }
 
 // The summed gradient of the chunk at col0 of the segment [lo, hi) of sorted positions.
-template <typename W, int K, int kOpt>
+template <typename W, int K, int kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void row_gradient(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
                                  std::int64_t hi, std::int64_t D, std::int64_t col0, std::int64_t prefetch_limit,
                                  float (&acc)[K][kVec]) {
-  if (hi - lo <= kHotPiece) sum_lookups<W, K, kOpt>(p, w, c, lo, hi, col0, prefetch_limit, acc);
+  if (hi - lo <= kHotPiece) sum_lookups<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, col0, prefetch_limit, acc);
   else sum_pieces<K>(w, p.max_D, lo, hi, D, col0, acc);
 }
 
@@ -899,7 +899,7 @@ HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, 
 // One segment (sorted positions [lo, hi), segment number s): its summed gradient written out
 // (kWriteGradient) or applied to its row by optimizer kOpt. Every lane of the wave calls it alike; rows
 // before sorted position `limit` (the end of the wave's batch of segments) may be prefetched.
-template <typename W, int K, int kOpt>
+template <typename W, int K, int kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t s,
                                   std::int64_t lo, std::int64_t hi, std::int64_t limit) {
   constexpr int U = rows_in_flight<K>();
@@ -909,12 +909,6 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
   // The row, its dim and its weight offset are the first lookup's; a summed segment's first lookups are
   // cached together with it.
   ensure_cached(p, w, lo, hi - lo > kHotPiece ? 1 : (hi - lo < U ? hi - lo : U), c);
-  if constexpr (HIPDLRM_TBE_L2_PREFETCH == 1) {
-    if (hi - lo <= kHotPiece) {  // a hot segment's lookups are summed by the pieces, not here
-      const std::int64_t ahead = hi + prefetch_ahead_rows<K>();
-      prefetch_rows<W, kOpt>(p, c, ahead < limit ? ahead : limit);  // this segment's rows and the next ones'
-    }
-  }
   const int first = static_cast<int>(lo - c.c0);
   const std::uint64_t key = gpu::broadcast(c.key, first);
   const std::int64_t D = gpu::broadcast(c.cols, first);
@@ -931,7 +925,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     float* out = p.grad_rows + s * p.max_D;
     const bool whole = D % kVec == 0 && gpu::is_aligned(out, 16);
     for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
-      row_gradient<W, K, kOpt>(p, w, c, lo, hi, D, col0, limit, acc);
+      row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, limit, acc);
 #pragma unroll
       for (int k = 0; k < K; ++k) store_cols(out + col0, lane_col(lane, k), cols_from(D, col0), whole, acc[k]);
     }
@@ -959,7 +953,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
         const int left = cols_from(D, col0);
         if (!single) load_row(ref, col0, left, r);
-        row_gradient<W, K, kOpt>(p, w, c, lo, hi, D, col0, limit, acc);
+        row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, limit, acc);
         if constexpr (kOpt == kRowwiseAdagrad) {
           if (pass == 0) {
 #pragma unroll
@@ -991,11 +985,12 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 }
 
 // Each wave takes W consecutive segments per pass (their bounds loaded at once, one per lane).
-template <typename W, int K, int kOpt>
+template <typename W, int K, int kOpt, bool kPrefetch>
 __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
     apply_kernel(SegmentProblem p, Workspace w, const std::int32_t* num_segments) {
   const int lane = gpu::lane_id();
   const std::int64_t segments = *num_segments;
+  if ((p.num_indices > kPrefetchMinMean * segments) != kPrefetch) return;  // the other build's call
   LookupCache c = empty_cache();
   for (std::int64_t s0 = global_wave() * gpu::kWaveSize; s0 < segments; s0 += wave_count() * gpu::kWaveSize) {
     const int count = segments - s0 < gpu::kWaveSize ? static_cast<int>(segments - s0) : gpu::kWaveSize;
@@ -1006,7 +1001,7 @@ __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
     }
     const std::int64_t limit = gpu::broadcast(hi, count - 1);
     for (int q = 0; q < count; ++q)
-      apply_segment<W, K, kOpt>(p, w, c, s0 + q, gpu::broadcast(lo, q), gpu::broadcast(hi, q), limit);
+      apply_segment<W, K, kOpt, kPrefetch>(p, w, c, s0 + q, gpu::broadcast(lo, q), gpu::broadcast(hi, q), limit);
   }
 }
 
@@ -1058,10 +1053,14 @@ void launch_hot(const SegmentProblem& sp, const Workspace& w, int wave_size, int
 template <typename W, int K, int kOpt>
 void launch_apply(const SegmentProblem& sp, const Workspace& w, const std::int32_t* num_segments,
                   std::int64_t max_segments, int wave_size, int multiprocessors, gpu::stream_t stream) {
-  constexpr auto kernel = apply_kernel<W, K, kOpt>;
-  const unsigned grid =
-      wave_grid<kernel, kSegmentBlock>(gpu::ceil_div(max_segments, wave_of(wave_size)), wave_size, multiprocessors);
-  kernel<<<grid, kSegmentBlock, 0, stream>>>(sp, w, num_segments);
+  // Both builds (see kPrefetchMinMean); the one the segments do not want exits at once.
+  constexpr auto plain = apply_kernel<W, K, kOpt, false>;
+  constexpr auto prefetching = apply_kernel<W, K, kOpt, true>;
+  const std::int64_t waves = gpu::ceil_div(max_segments, wave_of(wave_size));
+  plain<<<wave_grid<plain, kSegmentBlock>(waves, wave_size, multiprocessors), kSegmentBlock, 0, stream>>>(
+      sp, w, num_segments);
+  prefetching<<<wave_grid<prefetching, kSegmentBlock>(waves, wave_size, multiprocessors), kSegmentBlock, 0,
+                stream>>>(sp, w, num_segments);
 }
 
 template <int K, int kOpt>
