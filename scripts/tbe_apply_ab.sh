@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Device-machine helper (one call): A/B of the TBE backward's apply-kernel variants with the standalone
 # benchmark tests/gpu/tbe_backward_bench.cu (no torch). Each variant is the same sources built with other
-# -D options (listed below; override with VARIANTS="name:flags;name:flags"); all are built in parallel,
+# -D options (the knobs in csrc/kernels/tbe/tbe_backward.cu: HIPDLRM_TBE_FIT_GROUPS,
+# HIPDLRM_TBE_VECTORS_IN_FLIGHT, HIPDLRM_TBE_SEGMENT_MIN_BLOCKS, HIPDLRM_TBE_PREFETCH_MIN_ROWS,
+# HIPDLRM_TBE_PREFETCH_MIN_MEAN; VARIANTS="name:flags;name:flags"); all are built in parallel,
 # then run on configurations 0 and 1 (uniform fp16, the ones short of the 40% target) in two rounds,
 # interleaved, so drift shows (ALPHAS="1.0 1.15": also Zipf indices). The hash column is the correctness check: variants that only reschedule
 # must print the default build's hash. With EXT=1 the extension is also built (meanwhile) and
@@ -14,7 +16,7 @@ OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 rev=${HIPDLRM_GIT_REVISION:-local}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-10} PYTHONUNBUFFERED=1
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
-VARIANTS=${VARIANTS:-"base:-DHIPDLRM_TBE_FIT_GROUPS=0;fit:;fit_v4:-DHIPDLRM_TBE_VECTORS_IN_FLIGHT=4;fit_mb5:-DHIPDLRM_TBE_SEGMENT_MIN_BLOCKS=5;fit_v4_mb6:-DHIPDLRM_TBE_VECTORS_IN_FLIGHT=4 -DHIPDLRM_TBE_SEGMENT_MIN_BLOCKS=6;fit_hash1:-DHIPDLRM_TBE_ROUNDING_ONE_HASH"}
+VARIANTS=${VARIANTS:-"default:;fit0:-DHIPDLRM_TBE_FIT_GROUPS=0;v8_mb4:-DHIPDLRM_TBE_VECTORS_IN_FLIGHT=8 -DHIPDLRM_TBE_SEGMENT_MIN_BLOCKS=4;pf_always:-DHIPDLRM_TBE_PREFETCH_MIN_MEAN=0"}
 if [ "${EXT:-0}" = 1 ]; then
   python3 -m pip install --no-build-isolation --no-deps -e . > /tmp/tbe_ext_build.log 2>&1 & BUILD=$!
 fi

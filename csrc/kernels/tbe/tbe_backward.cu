@@ -21,7 +21,9 @@
 //      kHotPiece block: at most two long segments touch a block, one crossing its start and one starting
 //      inside it).
 //   6. apply: each wave takes W consecutive segments at a time; per segment it sums its lookups (or, for
-//      a hot segment, its pieces' partials in order) and updates the row and its optimizer state.
+//      a hot segment, its pieces' partials in order) and updates the row and its optimizer state. Two
+//      builds are launched and the device keeps one (kPrefetchMinMean): without L2 prefetch for short
+//      segments (uniform indices), with it inside long ones (hot rows).
 //
 // Thread mapping of the wave stages: lanes own 4-column vectors (lane l holds vectors l, l + W, ..., K
 // per lane, rows wider than 4*K*W done in column chunks): fp32 gradient rows and optimizer states move
@@ -30,9 +32,11 @@
 // row-wise Adagrad's mean of g^2 and the per-sample-weight dot products reduce across the wave. The
 // lanes load the metadata of W sorted lookups at once (position and key, then the lookup's bag and
 // scale, then its feature's offsets) into a cache that the wave walks through in sorted order, one
-// lookup broadcast to all lanes at a time; the gradient rows of up to U lookups (and the weight row and
-// state of the segment) are in flight before the first is used, so a short segment costs about one
-// memory latency.
+// lookup broadcast to all lanes at a time; the gradient rows of up to U lookups (U sized to the rows the
+// segment has left) and the weight row and state of the segment are in flight before the first is used,
+// so a short segment costs about one memory latency. On NVIDIA the register budget is 80 (24 warps per
+// multiprocessor) for <= 2 vectors per lane: the apply kernel is bound by the latency of its
+// per-segment integer work, and more warps hide it better than more loads in flight per warp.
 //
 // AMD-specific choice: every cross-lane step goes through the platform layer with the compile-time wave
 // width (64 on CDNA), and the launch never assumes 32; segment-per-wave rather than per-warp-of-32
