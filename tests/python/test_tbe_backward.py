@@ -600,6 +600,31 @@ def test_gpu_deterministic(optimizer, weights):
 
 
 @requires_gpu
+@pytest.mark.parametrize("rows,lookups", [(20_000, 24_000), (300, 24_000)], ids=["short_segments", "long_segments"])
+@pytest.mark.parametrize("optimizer,weights", [(OptimType.EXACT_ROWWISE_ADAGRAD, torch.float16),
+                                               (OptimType.EXACT_SGD, torch.float32),
+                                               (OptimType.ADAM, torch.bfloat16)], ids=["adagrad-fp16", "sgd-fp32", "adam-bf16"])
+def test_gpu_apply_builds_match_cpu(rows, lookups, optimizer, weights):
+    """The GPU launches two builds of its apply kernel and runs the one the segments want: without L2
+    prefetch for a few lookups per segment (here ~1.7), with it for more than 8 (here ~80, with segments of
+    over 8 rows). Both against the CPU, dims 192 and 256 (two vectors per lane on a wave32)."""
+    cpu = make_module([(rows, 192), (rows, 256)], None, PoolingMode.SUM, optimizer, weights, seed=11)
+    gpu = copy.deepcopy(cpu).to("cuda")
+    g = torch.Generator().manual_seed(12)
+    B = lookups // 20
+    indices = torch.randint(0, rows, (2 * B * 20,), generator=g)
+    offsets = torch.arange(2 * B + 1) * 20
+    for step in range(2):
+        grad = torch.randn(B, 192 + 256, generator=g)
+        train_step(cpu, indices, offsets, None, grad)
+        train_step(gpu, indices, offsets, None, grad, device="cuda")
+    torch.testing.assert_close(gpu.weights.detach().cpu().float(), cpu.weights.detach().float(), **tol(weights))
+    for a, b in zip(gpu.split_optimizer_states(), cpu.split_optimizer_states()):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x.cpu(), y, rtol=1e-4, atol=1e-6)
+
+
+@requires_gpu
 def test_gpu_hot_row_matches_cpu_closely():
     """One row with 300k lookups: GPU pieces and CPU pieces are summed in the same order."""
     cpu = make_module([(50, 64)], None, PoolingMode.SUM, OptimType.EXACT_SGD, seed=4)
