@@ -83,9 +83,9 @@ constexpr int kSegmentBlock = 128;
 
 // Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 6 (80
 // registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4 and for Adam
-// (whose two states per element spill hundreds of bytes in 80 registers), 3 for Adam with 4. The apply kernel is bound by the latency of its per-segment integer work (Nsight Compute:
-// 2.1 cycles per issued instruction waiting on fixed-latency dependencies, ~1 eligible warp per
-// scheduler), so more warps beat more loads in flight per warp: 24 warps with 4 vectors in flight
+// (whose two states per element spill hundreds of bytes in 80 registers), 3 for Adam with 4. The apply
+// kernel is bound by the latency of its per-segment integer work (Nsight Compute: 2.1 cycles per issued
+// instruction waiting on fixed-latency dependencies, ~1 eligible warp per scheduler), so more warps beat more loads in flight per warp: 24 warps with 4 vectors in flight
 // measured 3.6-10% faster than 16 with 8 on the benchmark's dims 192 and 256 (2 vectors per lane; 28 or
 // 32 warps spill and were slower; tests/gpu/tbe_backward_bench.cu, docs/tbe.md). AMD takes no bound:
 // hipcc's second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves per
@@ -576,35 +576,16 @@ constexpr int prefetch_ahead_rows() {
 constexpr std::int64_t kPrefetchMinMean = HIPDLRM_TBE_PREFETCH_MIN_MEAN;
 constexpr std::int64_t kPrefetchMinRows = HIPDLRM_TBE_PREFETCH_MIN_ROWS;
 
-// Prefetches into L2 the rows of the cached lookups at sorted positions [c.prefetched, end), end =
-// min(target, the cache's end): each lane its own lookup's gradient row and, with kOpt an optimizer, the
-// weight row (and state) of a lookup that starts a segment. The loads of the next lookups and segments
-// then find their rows in L2 while the wave still waits on the current ones (a no-op on AMD, see
+// Prefetches into L2 the gradient rows of the cached lookups at sorted positions [c.prefetched, end),
+// end = min(target, the cache's end), one per lane: the loads of the next rows of a long segment then
+// find them in L2 while the wave still waits on the current ones (a no-op on AMD, see
 // gpu::prefetch_l2). Every lane of the wave calls it alike.
-template <typename W, int kOpt>
 HIPDLRM_DEVICE void prefetch_rows(const SegmentProblem& p, LookupCache& c, std::int64_t target) {
   const std::int64_t end = target < c.c0 + gpu::kWaveSize ? target : c.c0 + gpu::kWaveSize;
   if (c.prefetched >= end) return;
-  const int lane = gpu::lane_id();
-  const std::int64_t j = c.c0 + lane;
-  const std::uint64_t previous = gpu::shfl(c.key, lane > 0 ? lane - 1 : 0);
-  if (j >= c.prefetched && j < end && c.cols > 0) {
+  const std::int64_t j = c.c0 + gpu::lane_id();
+  if (j >= c.prefetched && j < end && c.cols > 0)
     gpu::prefetch_l2(p.grad_output + c.grad, static_cast<std::uint64_t>(c.cols) * sizeof(float));
-    if constexpr (kOpt != kWriteGradient) {
-      if (lane == 0 || previous != c.key) {
-        gpu::prefetch_l2(static_cast<const W*>(p.weights) + c.row, static_cast<std::uint64_t>(c.cols) * sizeof(W));
-        if constexpr (kOpt == kAdam) {
-          gpu::prefetch_l2(p.momentum1 + c.row, static_cast<std::uint64_t>(c.cols) * sizeof(float));
-          gpu::prefetch_l2(p.momentum2 + c.row, static_cast<std::uint64_t>(c.cols) * sizeof(float));
-        }
-        if constexpr (kOpt == kRowwiseAdagrad) {
-          // The 16 bytes around the row's state, when they lie inside the state tensor.
-          const std::int64_t first = static_cast<std::int64_t>(c.key) & ~std::int64_t{3};
-          if (gpu::is_aligned(p.momentum1, 16) && first + 4 <= p.total_rows) gpu::prefetch_l2(p.momentum1 + first, 16);
-        }
-      }
-    }
-  }
   c.prefetched = end;
 }
 
@@ -669,12 +650,11 @@ HIPDLRM_DEVICE void add_whole_rows(const float* grad, const LookupCache& c, std:
 
 // acc = sum over sorted positions [lo, hi), in order, of scale * gradient row (the lane's columns of the
 // chunk at col0; 0 for a column past the lookup's dim). Every lane of the wave calls it alike. Rows of
-// whole vectors go U at a time; others (dims or starts not a multiple of 4) one at a time. Rows up to
-// prefetch_limit (the end of the wave's work) are prefetched a group ahead.
+// whole vectors go U at a time; others (dims or starts not a multiple of 4) one at a time. With kPrefetch,
+// the rows of a segment longer than kPrefetchMinRows are prefetched a group ahead.
 template <typename W, int K, int kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
-                                std::int64_t hi, std::int64_t col0, std::int64_t prefetch_limit,
-                                float (&acc)[K][kVec]) {
+                                std::int64_t hi, std::int64_t col0, float (&acc)[K][kVec]) {
   constexpr int U = rows_in_flight<K>();
 #pragma unroll
   for (int k = 0; k < K; ++k)
@@ -687,7 +667,7 @@ HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, Loo
       if (hi - lo > kPrefetchMinRows) {  // this long segment's own next rows only (no weight rows)
         if (c.prefetched < j + m) c.prefetched = j + m;  // rows before j + m: loaded now or done
         const std::int64_t ahead = j + m + prefetch_ahead_rows<K>();
-        prefetch_rows<W, kWriteGradient>(p, c, ahead < hi ? ahead : hi);
+        prefetch_rows(p, c, ahead < hi ? ahead : hi);
       }
     }
     if (c.whole) {
@@ -741,7 +721,7 @@ __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kWriteGradient
     const bool whole = partials_whole(p.max_D, D);
     for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
       float acc[K][kVec];
-      sum_lookups<float, K, kWriteGradient, true>(p, w, c, lo, hi, col0, hi, acc);
+      sum_lookups<float, K, kWriteGradient, true>(p, w, c, lo, hi, col0, acc);
 #pragma unroll
       for (int k = 0; k < K; ++k) store_cols(out + col0, lane_col(lane, k), cols_from(D, col0), whole, acc[k]);
     }
@@ -800,9 +780,8 @@ HIPDLRM_DEVICE void sum_pieces(const Workspace& w, std::int64_t max_D, std::int6
 // The summed gradient of the chunk at col0 of the segment [lo, hi) of sorted positions.
 template <typename W, int K, int kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void row_gradient(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
-                                 std::int64_t hi, std::int64_t D, std::int64_t col0, std::int64_t prefetch_limit,
-                                 float (&acc)[K][kVec]) {
-  if (hi - lo <= kHotPiece) sum_lookups<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, col0, prefetch_limit, acc);
+                                 std::int64_t hi, std::int64_t D, std::int64_t col0, float (&acc)[K][kVec]) {
+  if (hi - lo <= kHotPiece) sum_lookups<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, col0, acc);
   else sum_pieces<K>(w, p.max_D, lo, hi, D, col0, acc);
 }
 
@@ -901,11 +880,10 @@ HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, 
 }
 
 // One segment (sorted positions [lo, hi), segment number s): its summed gradient written out
-// (kWriteGradient) or applied to its row by optimizer kOpt. Every lane of the wave calls it alike; rows
-// before sorted position `limit` (the end of the wave's batch of segments) may be prefetched.
+// (kWriteGradient) or applied to its row by optimizer kOpt. Every lane of the wave calls it alike.
 template <typename W, int K, int kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t s,
-                                  std::int64_t lo, std::int64_t hi, std::int64_t limit) {
+                                  std::int64_t lo, std::int64_t hi) {
   constexpr int U = rows_in_flight<K>();
   constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize * kVec;
   const int lane = gpu::lane_id();
@@ -929,7 +907,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     float* out = p.grad_rows + s * p.max_D;
     const bool whole = D % kVec == 0 && gpu::is_aligned(out, 16);
     for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
-      row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, limit, acc);
+      row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, acc);
 #pragma unroll
       for (int k = 0; k < K; ++k) store_cols(out + col0, lane_col(lane, k), cols_from(D, col0), whole, acc[k]);
     }
@@ -957,7 +935,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
         const int left = cols_from(D, col0);
         if (!single) load_row(ref, col0, left, r);
-        row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, limit, acc);
+        row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, acc);
         if constexpr (kOpt == kRowwiseAdagrad) {
           if (pass == 0) {
 #pragma unroll
@@ -1003,9 +981,8 @@ __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
       lo = w.seg_start[s0 + lane];
       hi = w.seg_start[s0 + lane + 1];
     }
-    const std::int64_t limit = gpu::broadcast(hi, count - 1);
     for (int q = 0; q < count; ++q)
-      apply_segment<W, K, kOpt, kPrefetch>(p, w, c, s0 + q, gpu::broadcast(lo, q), gpu::broadcast(hi, q), limit);
+      apply_segment<W, K, kOpt, kPrefetch>(p, w, c, s0 + q, gpu::broadcast(lo, q), gpu::broadcast(hi, q));
   }
 }
 
