@@ -226,15 +226,18 @@ HIPDLRM_DEVICE int lane_col(int lane, int k) { return (lane + k * gpu::kWaveSize
 // are below 2^31 (D_offsets are int32), so the difference fits; <= 0 means none.
 HIPDLRM_DEVICE int cols_from(std::int64_t cols, std::int64_t col0) { return static_cast<int>(cols - col0); }
 
-// Rows in flight per lane in the summing loops: about 4 vector loads outstanding whatever K (8 measured
-// slower once the register budget above allows 24 warps: they do not fit in 80 registers;
-// HIPDLRM_TBE_VECTORS_IN_FLIGHT overrides the 4: an experiment knob for the standalone benchmark).
-#if !defined(HIPDLRM_TBE_VECTORS_IN_FLIGHT)
-#define HIPDLRM_TBE_VECTORS_IN_FLIGHT 4
-#endif
+// Rows in flight per lane in the summing loops: about 4 vector loads outstanding for K <= 2 (8 measured
+// slower once the register budget above allows 24 warps: they do not fit in 80 registers), 8 (two rows) for
+// K = 4, which keeps 128 registers: 1.4% faster on the standalone benchmark's dim-512 configuration (9.13
+// vs 9.26 ms, two rounds, same digest; benchmarks/results/ab/tbe-k4-ab-8c58cc4.log). K >= 8: one row.
+// HIPDLRM_TBE_VECTORS_IN_FLIGHT sets one count for every K: an experiment knob for the standalone benchmark.
 template <int K>
 constexpr int rows_in_flight() {
+#if defined(HIPDLRM_TBE_VECTORS_IN_FLIGHT)
   return HIPDLRM_TBE_VECTORS_IN_FLIGHT / K > 0 ? HIPDLRM_TBE_VECTORS_IN_FLIGHT / K : 1;
+#else
+  return K == 4 ? 2 : (4 / K > 0 ? 4 / K : 1);
+#endif
 }
 
 // Whether the summing loops size their row groups to the rows left (1, 2, 4, ... up to U) instead of
