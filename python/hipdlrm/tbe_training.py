@@ -72,6 +72,45 @@ def _tbe_backward_sparse_fake(grad_output, weights, weights_offsets, D_offsets, 
             weights.new_empty((n,), dtype=torch.float32))
 
 
+# ---- autograd of the raw op -------------------------------------------------------------------------------
+# The module differentiates its lookups through TBELookupFunction (below). A direct call of
+# torch.ops.hipdlrm.tbe_forward on tensors that require grad gets its gradients here: the dense gradient of
+# the flat weights (what an autograd op must return for a dense input; the module's sparse one avoids it) and
+# that of the per-sample weights, both from tbe_backward_sparse.
+
+
+def _tbe_forward_setup_context(ctx, inputs, output):
+    (weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets, pooling_mode,
+     per_sample_weights, output_dtype) = inputs
+    ctx.save_for_backward(weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights)
+    ctx.total_D, ctx.max_D, ctx.pooling_mode = total_D, max_D, pooling_mode
+
+
+def _tbe_forward_backward(ctx, grad_output):
+    weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights = ctx.saved_tensors
+    # The backward sorts rows by a linear key row_offsets[t] + row. A table's weights offset serves as its
+    # row_offsets entry: features of one table share it, and a table of `rows` rows of D >= 1 elements
+    # spans at least `rows` offsets, so the tables' key ranges never overlap (no host read; traceable).
+    row_offsets, total_rows = weights_offsets.to(torch.int64), weights.numel()
+    element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
+        grad_output.contiguous(), weights.detach(), weights_offsets, D_offsets, rows_per_table, row_offsets,
+        total_rows, ctx.total_D, ctx.max_D, indices, offsets, ctx.pooling_mode, per_sample_weights)
+    grad_weights = None
+    if ctx.needs_input_grad[0]:
+        # Segments ascend by row and each element appears once: a plain scatter.
+        grad_weights = torch.zeros(weights.numel(), dtype=values.dtype, device=values.device)
+        grad_weights = grad_weights.index_put((element,), values).view(weights.shape).to(weights.dtype)
+    if per_sample_weights is None or not ctx.needs_input_grad[9]:
+        grad_psw = None
+    else:
+        grad_psw = grad_psw.to(per_sample_weights.dtype)
+    return grad_weights, None, None, None, None, None, None, None, None, grad_psw, None
+
+
+torch.library.register_autograd("hipdlrm::tbe_forward", _tbe_forward_backward,
+                                setup_context=_tbe_forward_setup_context)
+
+
 def setup_training(module: "TableBatchedEmbedding", optimizer: Optional[OptimType], learning_rate: float,
                    eps: float, weight_decay: float, weight_decay_mode: WeightDecayMode, beta1: float, beta2: float,
                    stochastic_rounding: bool) -> None:
