@@ -37,7 +37,19 @@ using gpu::MinOp;
 using gpu::SumOp;
 
 constexpr int kBlock = 256;
-constexpr int kUnroll = 8;            // vectors in flight per thread
+#ifndef HIPDLRM_BC_UNROLL
+#define HIPDLRM_BC_UNROLL 8
+#endif
+#ifndef HIPDLRM_BC_PIPE
+#define HIPDLRM_BC_PIPE 0   // 1: the next step's loads are issued before this step is checked
+#endif
+#ifndef HIPDLRM_BC_MIN_BLOCKS
+#define HIPDLRM_BC_MIN_BLOCKS 1
+#endif
+#ifndef HIPDLRM_BC_LOAD
+#define HIPDLRM_BC_LOAD 0   // 0: plain loads; 1: evict-first (ld.global.cs); 2: L1 no-allocate
+#endif
+constexpr int kUnroll = HIPDLRM_BC_UNROLL;  // vectors in flight per thread
 constexpr int kMaxBlocksPerSM = 8;    // upper bound of residency, sizes the per-block records
 constexpr int kBagsPerThread = 8;     // offsets pass
 constexpr std::int64_t kNone = LLONG_MAX;
@@ -294,7 +306,7 @@ HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, 
 }
 
 template <typename index_t, int kMode, int kVec, bool kAtomics>
-__global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+__global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCKS) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
   using Vec = IndexVec<index_t, kVec>;
   constexpr bool kTrack = kMode != kIgnore;
   constexpr bool kWrite = kMode != kFatal;
@@ -341,14 +353,28 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   const std::int64_t vbegin = static_cast<std::int64_t>(blockIdx.x) * per_block;
   const std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
   const Vec* const vecs = reinterpret_cast<const Vec*>(p.indices);
-  for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
-    Vec buf[kUnroll];
+  auto load_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
-      if (vi < vend) buf[u] = vecs[vi];
+      if (vi < vend) {
+#if HIPDLRM_BC_LOAD == 0 || !defined(__CUDA_ARCH__)
+        buf[u] = vecs[vi];
+#else
+        const int4* src = reinterpret_cast<const int4*>(vecs + vi);
+        int4 w;
+#if HIPDLRM_BC_LOAD == 1
+        w = __ldcs(src);
+#else
+        asm volatile("ld.global.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                     : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(src));
+#endif
+        buf[u] = *reinterpret_cast<const Vec*>(&w);
+#endif
+      }
     }
-    if (!waited && wait_for_offsets_pass()) return;
+  };
+  auto check_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
@@ -365,7 +391,27 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
         if (repaired) reinterpret_cast<Vec*>(p.indices)[vi] = buf[u];
       }
     }
+  };
+#if HIPDLRM_BC_PIPE
+  if (vbegin < vend) {
+    Vec cur[kUnroll], nxt[kUnroll];
+    load_step(cur, vbegin);
+    if (wait_for_offsets_pass()) return;
+    for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
+      if (v0 + kStep < vend) load_step(nxt, v0 + kStep);
+      check_step(cur, v0);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
+    }
   }
+#else
+  for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
+    Vec buf[kUnroll];
+    load_step(buf, v0);
+    if (!waited && wait_for_offsets_pass()) return;
+    check_step(buf, v0);
+  }
+#endif
   // The last few indices (fewer than a vector) go to the last block, one per thread.
   if (blockIdx.x == gridDim.x - 1) {
     if (!waited && wait_for_offsets_pass()) return;

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Kernel-development helper (device machine, branch bc-stream): the standalone bounds-check timing
+# (tests/gpu/bounds_check_bench.cu) for several builds of the index pass, each argument one variant
+# (extra nvcc flags, "" for the default build), random placement; the first variant also clustered; then
+# Nsight Compute on the default build (0% and 20% random: both kernels' last calls). Logs under $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
+F=(-std=c++17 -O3 -arch=sm_90a -Icsrc/include -Icsrc/kernels -Icsrc -Itests/gpu)
+i=0
+for extra in "$@"; do
+  nvcc "${F[@]}" $extra tests/gpu/bounds_check_bench.cu csrc/kernels/bounds_check/bounds_check.cu -o /tmp/bcb_$i > /tmp/bcb_$i.log 2>&1 &
+  i=$((i+1))
+done
+wait
+i=0
+for extra in "$@"; do
+  cat /tmp/bcb_$i.log | grep -i error
+  timeout 120 /tmp/bcb_$i random 30 "[$extra]" 2>&1 | tee -a "$OUT/bc_stream.log"
+  i=$((i+1))
+done
+timeout 120 /tmp/bcb_0 clustered 30 "[$1] clustered" 2>&1 | tee -a "$OUT/bc_stream.log"
+[ -n "${SKIP_NCU:-}" ] && exit 0
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+[ -z "$NCU" ] && { echo "no ncu"; exit 0; }
+ARGS=(--clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats)
+timeout 150 "$NCU" --kernel-name regex:"check_indices|prepare_offsets" --launch-skip 6 --launch-count 2 "${ARGS[@]}" /tmp/bcb_0 random 1 > "$OUT/ncu_bc_0pct.txt" 2>&1
+echo "ncu 0% rc=$?"
+timeout 150 "$NCU" --kernel-name regex:"check_indices|prepare_offsets" --launch-skip 30 --launch-count 2 "${ARGS[@]}" /tmp/bcb_0 random 1 > "$OUT/ncu_bc_20pct.txt" 2>&1
+echo "ncu 20% rc=$?"
+grep -E "check_indices|prepare_offsets|Duration|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per|Theoretical Occ" "$OUT"/ncu_bc_*.txt | cut -c1-200
