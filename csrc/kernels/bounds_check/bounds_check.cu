@@ -46,6 +46,9 @@ constexpr int kBlock = 256;
 #ifndef HIPDLRM_BC_MIN_BLOCKS
 #define HIPDLRM_BC_MIN_BLOCKS 1
 #endif
+#ifndef HIPDLRM_BC_FAST
+#define HIPDLRM_BC_FAST 1   // a step wholly inside one table checks each index with one compare
+#endif
 #ifndef HIPDLRM_BC_LOAD
 #define HIPDLRM_BC_LOAD 0   // 0: plain loads; 1: evict-first (ld.global.cs); 2: L1 no-allocate
 #endif
@@ -316,12 +319,15 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
   TableCursor cur;
   std::int64_t count = 0, first_pos = kNone, first_value = 0, first_table = 0;
 
-  // True when the index at `pos` must be repaired; counts it and remembers the first one.
+  // True when the index at `pos` must be repaired (moves the table cursor as needed).
   auto visit = [&](std::int64_t pos, std::int64_t value) -> bool {
     if (pos >= cur.end) cur.seek(pos, p);
     // Out of [0, rows) is one unsigned compare; -1 (pruned) is the one negative value allowed.
-    const bool bad = cur.table >= 0 && static_cast<std::uint64_t>(value) >= static_cast<std::uint64_t>(cur.rows) &&
-                     value != -1;
+    return cur.table >= 0 && static_cast<std::uint64_t>(value) >= static_cast<std::uint64_t>(cur.rows) && value != -1;
+  };
+  // The scalar path (the last block's few indices past the last whole vector): counts too.
+  auto visit_count = [&](std::int64_t pos, std::int64_t value) -> bool {
+    const bool bad = visit(pos, value);
     if (bad) {
       if constexpr (kTrack) {
         ++count;
@@ -374,22 +380,59 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
       }
     }
   };
+  // A vector with a repaired index: count, remember the first, zero the bad elements, store it whole.
+  auto repair_vector = [&](Vec& vec, std::int64_t vi, unsigned bad) {
+    if constexpr (kTrack) {
+      const int nbad = __popc(bad);
+      count += nbad;
+      if constexpr (kAtomics) gpu::atomic_add(count_target, static_cast<std::int64_t>(nbad));
+      if (first_pos == kNone) {
+        const int e0 = __ffs(bad) - 1;
+        first_pos = vi * kVec + e0;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (e == e0) first_value = static_cast<std::int64_t>(vec.v[e]);  // no dynamic register index
+        first_table = cur.table;
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e)
+      if (bad & (1u << e)) vec.v[e] = 0;
+    if constexpr (kWrite) reinterpret_cast<Vec*>(p.indices)[vi] = vec;
+  };
   auto check_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
+    const std::int64_t first_vi = v0 + threadIdx.x;
+    if (first_vi >= vend) return;
+    std::int64_t last_vi = v0 + static_cast<std::int64_t>(kUnroll - 1) * kBlock + threadIdx.x;
+    if (last_vi >= vend) last_vi = vend - 1;
+#if HIPDLRM_BC_FAST
+    if (first_vi * kVec >= cur.end) cur.seek(first_vi * kVec, p);
+    if (cur.table >= 0 && last_vi * kVec + (kVec - 1) < cur.end) {
+      // Every element of this thread's step lies in one table: valid iff index + 1 in [0, rows], one
+      // unsigned compare (-1, a pruned row, maps to 0).
+      const std::uint64_t limit = static_cast<std::uint64_t>(cur.rows);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
+        if (vi > last_vi) continue;
+        unsigned bad = 0;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          bad |= static_cast<unsigned>(static_cast<std::uint64_t>(static_cast<std::int64_t>(buf[u].v[e]) + 1) > limit) << e;
+        if (bad != 0) repair_vector(buf[u], vi, bad);
+      }
+      return;
+    }
+#endif
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
       if (vi >= vend) continue;
-      bool repaired = false;
+      unsigned bad = 0;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) {
-        if (visit(vi * kVec + e, static_cast<std::int64_t>(buf[u].v[e]))) {
-          buf[u].v[e] = 0;
-          repaired = true;
-        }
-      }
-      if constexpr (kWrite) {
-        if (repaired) reinterpret_cast<Vec*>(p.indices)[vi] = buf[u];
-      }
+      for (int e = 0; e < kVec; ++e)
+        if (visit(vi * kVec + e, static_cast<std::int64_t>(buf[u].v[e]))) bad |= 1u << e;
+      if (bad != 0) repair_vector(buf[u], vi, bad);
     }
   };
 #if HIPDLRM_BC_PIPE
@@ -416,7 +459,7 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
   if (blockIdx.x == gridDim.x - 1) {
     if (!waited && wait_for_offsets_pass()) return;
     for (std::int64_t i = num_vecs * kVec + threadIdx.x; i < n; i += kBlock) {
-      if (visit(i, static_cast<std::int64_t>(p.indices[i]))) {
+      if (visit_count(i, static_cast<std::int64_t>(p.indices[i]))) {
         if constexpr (kWrite) p.indices[i] = 0;
       }
     }

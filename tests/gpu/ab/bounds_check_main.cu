@@ -1,0 +1,488 @@
+// Embedding-index bounds check with FBGEMM's bounds_check_indices contract.
+//
+// Computes: table t's indices must be -1 (a pruned row, left alone) or in [0, rows_per_table[t]); any
+// other index is counted and, unless FATAL, set to 0. Bag offsets are validated and repaired exactly as
+// FBGEMM's CPU implementation repairs them one bag after another. That sequential repair has a closed
+// form we evaluate in parallel: afterwards offsets[k] == max over j <= k of clamp(offsets[j], 0, N)
+// (derivation in docs/bounds_check.md), so the common valid case costs one read of the offsets.
+//
+// Thread mapping: two kernels. (1) prepare_offsets: one thread per bag validates offsets; the last block
+// to finish repairs them, only when something is wrong. (2) check_indices: indices are checked flat,
+// not bag by bag: after (1), table t owns the contiguous range [offsets[first bag of t], offsets[first
+// bag of t+1]), so each thread streams 16-byte vectors across bag boundaries with a
+// cursor on its current table. A wave per bag, as ported kernels do, would leave 50 of 64 lanes idle at
+// the typical bag size of 14.
+//
+// Launch cost: no memset. The cross-block tickets live in a small buffer the caller keeps per stream;
+// each launch's last block returns it to zero.
+//
+// AMD-specific choice: the violation count is reduced in registers, across the wave with shuffles,
+// across the block's waves in LDS, and added to the counter with one atomic per block: on MI300/MI350 a
+// contended global atomic crosses the eight XCDs' private L2s. The first violation is reduced the same
+// way (block minimum) and the per-block results are combined by the last block, so the report is the
+// same run to run. A per-thread-atomic variant is kept for the benchmark's ablation.
+#include "bounds_check/bounds_check.h"
+
+#include <climits>
+
+#include "hipdlrm/gpu/launch.h"
+#include "hipdlrm/gpu/reduce.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace bounds_check {
+namespace {
+
+using gpu::MinOp;
+using gpu::SumOp;
+
+constexpr int kBlock = 256;
+constexpr int kUnroll = 8;            // vectors in flight per thread
+constexpr int kMaxBlocksPerSM = 8;    // upper bound of residency, sizes the per-block records
+constexpr int kBagsPerThread = 8;     // offsets pass
+constexpr std::int64_t kNone = LLONG_MAX;
+
+// Lives across calls (see Counters in bounds_check.h): zero between launches, and every launch leaves it
+// zero again, so no memset precedes the kernels.
+struct Counters {
+  unsigned prepare_ticket;
+  unsigned check_ticket;
+  std::int64_t invalid_bags;   // pass-1 count of locally invalid bags
+  std::int64_t last_wrong;     // offsets[total_bags] != num_indices
+};
+static_assert(sizeof(Counters) <= kCountersBytes, "counters outgrew their buffer");
+
+// Per call, written before it is read. The offsets pass leaves its findings here and the index pass
+// forwards them into the Report, so the host-mapped Report is written once, at the very end.
+struct Header {
+  std::int64_t abort;          // FATAL with bad offsets: the index pass does nothing
+  std::int64_t scratch_count;  // FATAL-mode target of the per-thread-atomic variant
+  std::int64_t offset_repairs;
+  std::int64_t last_offset_value;
+  std::int64_t first_bad_bag;
+  std::int64_t first_bad_bag_start;
+  std::int64_t first_bad_bag_end;
+  std::int64_t pad;
+};
+static_assert(sizeof(Header) % 16 == 0, "header keeps the records 16-byte aligned");
+
+struct BlockRecord {
+  std::int64_t count;
+  std::int64_t pos;
+  std::int64_t value;
+  std::int64_t table;
+};
+
+template <typename index_t>
+struct Workspace {
+  Counters* counters;
+  Header* header;
+  BlockRecord* records;      // [check grid]
+};
+
+
+std::int64_t resident_blocks(int multiprocessors, int per_multiprocessor = kMaxBlocksPerSM) {
+  if (per_multiprocessor <= 0 || per_multiprocessor > kMaxBlocksPerSM) per_multiprocessor = kMaxBlocksPerSM;
+  return multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * per_multiprocessor : 0;
+}
+
+template <typename index_t>
+constexpr int vector_width() { return 16 / static_cast<int>(sizeof(index_t)); }
+
+// Grid of the index pass: as many blocks as are resident at once (per_multiprocessor from the occupancy
+// query; the upper bound when sizing the workspace), fewer when the work is small.
+template <typename index_t>
+std::int64_t check_grid(const Problem<index_t>& p, int multiprocessors, int per_multiprocessor = kMaxBlocksPerSM) {
+  return gpu::capped_grid(p.num_indices, std::int64_t{kBlock} * vector_width<index_t>() * kUnroll, kBlock,
+                          resident_blocks(multiprocessors, per_multiprocessor));
+}
+
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t first_bag_of(const Problem<index_t>& p, std::int64_t t) {
+  return p.b_offsets != nullptr ? static_cast<std::int64_t>(p.b_offsets[t]) : t * p.batch_size;
+}
+
+HIPDLRM_DEVICE std::int64_t clamp64(std::int64_t x, std::int64_t lo, std::int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+
+HIPDLRM_DEVICE bool bag_invalid(std::int64_t start, std::int64_t end, std::int64_t n) {
+  return start < 0 || start > end || end > n;
+}
+
+// Runs in the last block of prepare_offsets, non-FATAL, when some offset is wrong. Reproduces the CPU's
+// sequential repair: the start of bag b (b >= 1) as the CPU sees it is the running max P[b] of the
+// clamped offsets; its end is the offset as given (the last one already set to N).
+template <typename index_t>
+HIPDLRM_DEVICE void repair_offsets(const Problem<index_t>& p, std::int64_t* smem, std::int64_t* count_out,
+                                   std::int64_t* first_out, std::int64_t* first_start,
+                                   std::int64_t* first_end) {
+  const std::int64_t n = p.num_indices;
+  const std::int64_t nb = p.total_bags;
+  std::int64_t carry = 0;  // every clamped offset is >= 0
+  std::int64_t count = 0;
+  std::int64_t first = kNone, fs = 0, fe = 0;
+  for (std::int64_t base = 0; base <= nb; base += kBlock) {
+    const std::int64_t k = base + threadIdx.x;
+    const bool in = k <= nb;
+    const std::int64_t given = in ? (k == nb ? n : static_cast<std::int64_t>(p.offsets[k])) : 0;
+    const std::int64_t end = k < nb ? (k + 1 == nb ? n : static_cast<std::int64_t>(p.offsets[k + 1])) : 0;
+    std::int64_t total = 0;
+    const std::int64_t scanned =
+        gpu::block_inclusive_scan<kBlock>(in ? clamp64(given, 0, n) : std::int64_t{0}, gpu::MaxOp(), smem, &total);
+    const std::int64_t running = carry > scanned ? carry : scanned;
+    carry = carry > total ? carry : total;
+    if (k < nb) {
+      const std::int64_t start = k == 0 ? given : running;
+      if (bag_invalid(start, end, n)) {
+        ++count;
+        if (first == kNone) { first = k; fs = start; fe = end; }
+      }
+    }
+    // block_inclusive_scan ended with a barrier: every read of this chunk is done.
+    if (in) p.offsets[k] = static_cast<index_t>(running);
+    __syncthreads();
+  }
+  const std::int64_t total_count = gpu::block_reduce<kBlock>(count, SumOp(), smem);
+  const std::int64_t first_bag = gpu::block_reduce<kBlock>(first, MinOp(), smem);
+  if (first != kNone && first == first_bag) { *first_start = fs; *first_end = fe; }
+  if (threadIdx.x == 0) { *count_out = total_count; *first_out = first_bag; }
+  __syncthreads();
+}
+
+template <typename index_t>
+__global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+  __shared__ std::int64_t smem[kBlock / 32];
+  __shared__ bool s_last;
+  __shared__ std::int64_t s_count, s_first, s_first_start, s_first_end;
+  const std::int64_t n = p.num_indices;
+  const std::int64_t nb = p.total_bags;
+  const bool fatal = p.mode == kFatal;
+  Counters* c = ws.counters;
+  // The index pass may start now: until its grid_dependency_wait() it only loads indices, which this
+  // kernel never writes.
+  gpu::allow_dependent_launch();
+
+  // Each thread validates kBagsPerThread bags a block apart (coalesced); all their offsets are loaded
+  // before any is used, so the loads are in flight together.
+  std::int64_t local = 0;
+  for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kBlock * kBagsPerThread; base < nb;
+       base += static_cast<std::int64_t>(gridDim.x) * kBlock * kBagsPerThread) {
+    std::int64_t start[kBagsPerThread], end[kBagsPerThread];
+#pragma unroll
+    for (int j = 0; j < kBagsPerThread; ++j) {
+      const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
+      start[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b]) : 0;
+      end[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b + 1]) : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kBagsPerThread; ++j) {
+      const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
+      // Outside FATAL the last offset is repaired before any bag is looked at, as on the CPU.
+      if (b < nb) local += bag_invalid(start[j], (b + 1 == nb && !fatal) ? n : end[j], n);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0 && static_cast<std::int64_t>(p.offsets[nb]) != n) c->last_wrong = 1;
+  local = gpu::block_reduce<kBlock>(local, SumOp(), smem);
+  if (threadIdx.x == 0) {
+    if (local != 0) gpu::atomic_add(&c->invalid_bags, local);
+    gpu::fence_device();
+    s_last = gpu::atomic_inc_ticket(&c->prepare_ticket) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  gpu::fence_device();
+
+  volatile Counters* vc = c;
+  const std::int64_t invalid = vc->invalid_bags;
+  const std::int64_t last_wrong = vc->last_wrong;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    // Every block has counted: leave the counters zero for the next launch.
+    c->invalid_bags = 0;
+    c->last_wrong = 0;
+    c->prepare_ticket = 0;
+    ws.header->abort = 0;
+    s_count = 0; s_first = kNone; s_first_start = 0; s_first_end = 0;
+  }
+  __syncthreads();
+
+  if (fatal) {
+    if (invalid == 0 && last_wrong == 0) {
+      // valid: nothing to repair
+    } else {
+      std::int64_t first = kNone;
+      for (std::int64_t b = threadIdx.x; b < nb && first == kNone; b += kBlock)
+        if (bag_invalid(p.offsets[b], p.offsets[b + 1], n)) first = b;
+      const std::int64_t first_bag = gpu::block_reduce<kBlock>(first, MinOp(), smem);
+      if (threadIdx.x == 0) {
+        ws.header->abort = 1;
+        if (p.report != nullptr) {
+          Report* r = p.report;
+          r->offset_repairs = invalid + last_wrong;
+          r->last_offset_value = p.offsets[nb];
+          r->first_bad_bag = first_bag == kNone ? -1 : first_bag;
+          r->first_bad_bag_start = first_bag == kNone ? 0 : static_cast<std::int64_t>(p.offsets[first_bag]);
+          r->first_bad_bag_end = first_bag == kNone ? 0 : static_cast<std::int64_t>(p.offsets[first_bag + 1]);
+          r->index_violations = 0;
+          r->first_index_pos = -1;
+        }
+      }
+      return;
+    }
+  }
+  const std::int64_t given_last = p.offsets[nb];
+  __syncthreads();
+  if (!fatal && (invalid != 0 || last_wrong != 0))
+    repair_offsets(p, smem, &s_count, &s_first, &s_first_start, &s_first_end);
+  if (threadIdx.x == 0) {
+    const std::int64_t repairs = s_count + last_wrong;
+    if (p.mode == kWarning) *p.warning = repairs;
+    Header* h = ws.header;
+    h->offset_repairs = repairs;
+    h->last_offset_value = given_last;
+    h->first_bad_bag = s_first == kNone ? -1 : s_first;
+    h->first_bad_bag_start = s_first_start;
+    h->first_bad_bag_end = s_first_end;
+  }
+}
+
+template <typename index_t, int kVec>
+struct alignas(sizeof(index_t) * kVec) IndexVec {
+  index_t v[kVec];
+};
+
+// Position -> table cursor. Table t's range starts at boundary(t) = offsets[first bag of t] (valid or
+// repaired by the offsets pass; boundary(T) = N). Positions a thread visits only increase.
+struct TableCursor {
+  std::int64_t table = -1;
+  std::int64_t end = -1;  // forces a seek on first use
+  std::int64_t rows = 0;
+
+  template <typename index_t>
+  HIPDLRM_DEVICE void seek(std::int64_t pos, const Problem<index_t>& p) {
+    auto boundary = [&](std::int64_t t) { return static_cast<std::int64_t>(p.offsets[first_bag_of(p, t)]); };
+    std::int64_t lo = 0, hi = p.num_tables + 1;  // first t with boundary(t) > pos; boundary(T) = N > pos
+    while (lo < hi) {
+      const std::int64_t mid = (lo + hi) / 2;
+      if (boundary(mid) <= pos) lo = mid + 1; else hi = mid;
+    }
+    table = lo - 1;  // -1: before the first table's range, never checked
+    end = boundary(lo);
+    rows = table >= 0 ? p.rows_per_table[table] : 0;
+  }
+};
+
+// Bag (within table t) holding position pos: the last bag of t whose start is <= pos (offsets are monotone
+// after the offsets pass). A kBlock-ary search by the whole block: two or three dependent rounds of loads
+// for any realistic batch, where a binary search by one thread would take ~log2(B) of them.
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, std::int64_t pos, std::int64_t* smem) {
+  const std::int64_t begin = first_bag_of(p, t);
+  std::int64_t lo = begin, hi = first_bag_of(p, t + 1);  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const std::int64_t step = (hi - lo + kBlock - 1) / kBlock;
+    const std::int64_t probe = lo + static_cast<std::int64_t>(threadIdx.x) * step;
+    const bool le = probe < hi && static_cast<std::int64_t>(p.offsets[probe]) <= pos;
+    // Probes are increasing and offsets monotone, so the "<=" probes form a prefix of the threads.
+    const std::int64_t count = gpu::block_reduce<kBlock>(std::int64_t{le}, SumOp(), smem);
+    const std::int64_t new_lo = lo + (count - 1) * step;
+    hi = new_lo + step < hi ? new_lo + step : hi;
+    lo = new_lo;
+  }
+  return lo - begin;
+}
+
+template <typename index_t, int kMode, int kVec, bool kAtomics>
+__global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+  using Vec = IndexVec<index_t, kVec>;
+  constexpr bool kTrack = kMode != kIgnore;
+  constexpr bool kWrite = kMode != kFatal;
+  constexpr std::int64_t kStep = std::int64_t{kBlock} * kUnroll;  // vectors per block per step
+  const std::int64_t n = p.num_indices;
+  std::int64_t* const count_target = kMode == kWarning ? p.warning : &ws.header->scratch_count;
+  TableCursor cur;
+  std::int64_t count = 0, first_pos = kNone, first_value = 0, first_table = 0;
+
+  // True when the index at `pos` must be repaired; counts it and remembers the first one.
+  auto visit = [&](std::int64_t pos, std::int64_t value) -> bool {
+    if (pos >= cur.end) cur.seek(pos, p);
+    // Out of [0, rows) is one unsigned compare; -1 (pruned) is the one negative value allowed.
+    const bool bad = cur.table >= 0 && static_cast<std::uint64_t>(value) >= static_cast<std::uint64_t>(cur.rows) &&
+                     value != -1;
+    if (bad) {
+      if constexpr (kTrack) {
+        ++count;
+        if constexpr (kAtomics) gpu::atomic_add(count_target, 1);
+        if (first_pos == kNone) { first_pos = pos; first_value = value; first_table = cur.table; }
+      }
+    }
+    return bad;
+  };
+
+  // Launched as a dependent of the offsets pass: the first step's loads are issued before waiting for
+  // it (they hide its tail and this kernel's launch); offsets, indices writes and the header only after.
+  bool waited = false;
+  auto wait_for_offsets_pass = [&]() -> bool {
+    if (!waited) {
+      gpu::grid_dependency_wait();
+      waited = true;
+    }
+    return kMode == kFatal && *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0;
+  };
+
+  // Each block owns one contiguous range of whole vectors, the same size for every block, and streams
+  // it in steps of kBlock x kUnroll vectors; a vector with a repaired index is written back once, whole.
+  // Measured on the H200 against interleaving the blocks' steps across the grid (docs/bounds_check.md):
+  // faster with no violations and with clustered ones (44 vs 48-51 us at 0%), slower when violations
+  // are scattered (76 vs 70-73 us at 20% random, where every other sector is written back).
+  const std::int64_t num_vecs = n / kVec;
+  const std::int64_t per_block = (num_vecs + gridDim.x - 1) / gridDim.x;
+  const std::int64_t vbegin = static_cast<std::int64_t>(blockIdx.x) * per_block;
+  const std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
+  const Vec* const vecs = reinterpret_cast<const Vec*>(p.indices);
+  for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
+    Vec buf[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
+      if (vi < vend) buf[u] = vecs[vi];
+    }
+    if (!waited && wait_for_offsets_pass()) return;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
+      if (vi >= vend) continue;
+      bool repaired = false;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        if (visit(vi * kVec + e, static_cast<std::int64_t>(buf[u].v[e]))) {
+          buf[u].v[e] = 0;
+          repaired = true;
+        }
+      }
+      if constexpr (kWrite) {
+        if (repaired) reinterpret_cast<Vec*>(p.indices)[vi] = buf[u];
+      }
+    }
+  }
+  // The last few indices (fewer than a vector) go to the last block, one per thread.
+  if (blockIdx.x == gridDim.x - 1) {
+    if (!waited && wait_for_offsets_pass()) return;
+    for (std::int64_t i = num_vecs * kVec + threadIdx.x; i < n; i += kBlock) {
+      if (visit(i, static_cast<std::int64_t>(p.indices[i]))) {
+        if constexpr (kWrite) p.indices[i] = 0;
+      }
+    }
+  }
+  if (!waited && wait_for_offsets_pass()) return;
+
+  if constexpr (kTrack) {
+    __shared__ std::int64_t smem[kBlock / 32];
+    __shared__ std::int64_t s_value, s_table;
+    __shared__ bool s_last;
+    const std::int64_t block_count = gpu::block_reduce<kBlock>(count, SumOp(), smem);
+    const std::int64_t block_first = gpu::block_reduce<kBlock>(first_pos, MinOp(), smem);
+    if (block_first != kNone && first_pos == block_first) { s_value = first_value; s_table = first_table; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      if (!kAtomics && block_count != 0) gpu::atomic_add(count_target, block_count);
+      ws.records[blockIdx.x] = BlockRecord{block_count, block_first, block_first == kNone ? 0 : s_value,
+                                           block_first == kNone ? 0 : s_table};
+      gpu::fence_device();
+      s_last = gpu::atomic_inc_ticket(&ws.counters->check_ticket) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    gpu::fence_device();
+    if (threadIdx.x == 0) ws.counters->check_ticket = 0;  // every block has arrived
+
+    std::int64_t total = 0, fpos = kNone, fval = 0, ftab = 0;
+    for (std::int64_t i = threadIdx.x; i < gridDim.x; i += kBlock) {
+      const volatile BlockRecord* r = ws.records + i;
+      total += r->count;
+      const std::int64_t pos = r->pos;
+      if (pos < fpos) { fpos = pos; fval = r->value; ftab = r->table; }
+    }
+    const std::int64_t all = gpu::block_reduce<kBlock>(total, SumOp(), smem);
+    const std::int64_t first = gpu::block_reduce<kBlock>(fpos, MinOp(), smem);
+    if (first != kNone && fpos == first) { s_value = fval; s_table = ftab; }
+    __syncthreads();
+    const std::int64_t bag = first == kNone ? -1 : find_bag(p, s_table, first, smem);
+    if (threadIdx.x == 0) {
+      Report* r = p.report;
+      r->index_violations = all;
+      r->first_index_pos = first == kNone ? -1 : first;
+      r->first_index_value = first == kNone ? 0 : s_value;
+      r->first_index_table = first == kNone ? -1 : s_table;
+      r->first_index_bag = bag;
+      r->first_index_limit = first == kNone ? 0 : p.rows_per_table[s_table];
+      const Header* h = ws.header;
+      r->offset_repairs = h->offset_repairs;
+      r->last_offset_value = h->last_offset_value;
+      r->first_bad_bag = h->first_bad_bag;
+      r->first_bad_bag_start = h->first_bad_bag_start;
+      r->first_bad_bag_end = h->first_bad_bag_end;
+    }
+  }
+}
+
+template <typename index_t, int kMode, int kVec, bool kAtomics>
+gpu::status_t launch_resident(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors, gpu::stream_t s) {
+  constexpr auto kernel = check_indices_kernel<index_t, kMode, kVec, kAtomics>;
+  static const int per_sm = gpu::resident_blocks_per_multiprocessor(kernel, kBlock);  // queried once
+  return gpu::launch_dependent(kernel, static_cast<unsigned>(check_grid(p, multiprocessors, per_sm)), kBlock, s, p, ws);
+}
+
+template <typename index_t, int kMode, int kVec>
+gpu::status_t launch_check(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors,
+                           gpu::stream_t s) {
+  return p.per_thread_atomics ? launch_resident<index_t, kMode, kVec, true>(p, ws, multiprocessors, s)
+                              : launch_resident<index_t, kMode, kVec, false>(p, ws, multiprocessors, s);
+}
+
+template <typename index_t, int kMode>
+gpu::status_t launch_check_mode(const Problem<index_t>& p, const Workspace<index_t>& ws, int multiprocessors,
+                                gpu::stream_t s) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(p.indices) % 16 == 0;
+  return aligned ? launch_check<index_t, kMode, vector_width<index_t>()>(p, ws, multiprocessors, s)
+                 : launch_check<index_t, kMode, 1>(p, ws, multiprocessors, s);
+}
+
+}  // namespace
+
+template <typename index_t>
+std::size_t workspace_bytes(const Problem<index_t>& p, int multiprocessors) {
+  return static_cast<std::size_t>(sizeof(Header) +
+                                  check_grid(p, multiprocessors) * static_cast<std::int64_t>(sizeof(BlockRecord)));
+}
+
+template <typename index_t>
+gpu::status_t launch(const Problem<index_t>& p, void* workspace, void* counters, int multiprocessors,
+                     gpu::stream_t stream) {
+  auto* base = static_cast<char*>(workspace);
+  Workspace<index_t> ws{static_cast<Counters*>(counters), reinterpret_cast<Header*>(base),
+                        reinterpret_cast<BlockRecord*>(base + sizeof(Header))};
+  gpu::status_t st;
+
+  const std::int64_t prep_grid = gpu::capped_grid(p.total_bags, std::int64_t{kBlock} * kBagsPerThread, kBlock,
+                                                  resident_blocks(multiprocessors));
+  prepare_offsets_kernel<index_t><<<static_cast<unsigned>(prep_grid), kBlock, 0, stream>>>(p, ws);
+  st = gpu::last_launch_status();
+  if (st != gpu::kSuccess) return st;
+
+  switch (p.mode) {
+    case kFatal: return launch_check_mode<index_t, kFatal>(p, ws, multiprocessors, stream);
+    case kWarning: return launch_check_mode<index_t, kWarning>(p, ws, multiprocessors, stream);
+    default: return launch_check_mode<index_t, kIgnore>(p, ws, multiprocessors, stream);
+  }
+}
+
+template std::size_t workspace_bytes<std::int32_t>(const Problem<std::int32_t>&, int);
+template std::size_t workspace_bytes<std::int64_t>(const Problem<std::int64_t>&, int);
+template gpu::status_t launch<std::int32_t>(const Problem<std::int32_t>&, void*, void*, int, gpu::stream_t);
+template gpu::status_t launch<std::int64_t>(const Problem<std::int64_t>&, void*, void*, int, gpu::stream_t);
+
+}  // namespace bounds_check
+}  // namespace kernels
+}  // namespace hipdlrm
