@@ -418,7 +418,7 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
         unsigned bad = 0;
 #pragma unroll
         for (int e = 0; e < kVec; ++e)
-          bad |= static_cast<unsigned>(static_cast<std::uint64_t>(static_cast<std::int64_t>(buf[u].v[e]) + 1) > limit) << e;
+          bad |= static_cast<unsigned>(static_cast<std::uint64_t>(static_cast<std::int64_t>(buf[u].v[e])) + 1u > limit) << e;
         if (bad != 0) repair_vector(buf[u], vi, bad);
       }
       return;
