@@ -49,6 +49,15 @@ constexpr int kBlock = 256;
 #ifndef HIPDLRM_BC_FAST
 #define HIPDLRM_BC_FAST 1   // a step wholly inside one table checks each index with one compare
 #endif
+#ifndef HIPDLRM_BC_POOL
+#define HIPDLRM_BC_POOL 0   // per mille of the vectors handed out in steps from a shared counter (0: none)
+#endif
+#ifndef HIPDLRM_BC_PREP_SHFL
+#define HIPDLRM_BC_PREP_SHFL 0  // offsets pass: a bag's end from the neighbour lane instead of a second load
+#endif
+#ifndef HIPDLRM_BC_STORE_CS
+#define HIPDLRM_BC_STORE_CS 0
+#endif
 #ifndef HIPDLRM_BC_LOAD
 #define HIPDLRM_BC_LOAD 0   // 0: plain loads; 1: evict-first (ld.global.cs); 2: L1 no-allocate
 #endif
@@ -64,6 +73,7 @@ struct Counters {
   unsigned check_ticket;
   std::int64_t invalid_bags;   // pass-1 count of locally invalid bags
   std::int64_t last_wrong;     // offsets[total_bags] != num_indices
+  unsigned long long pool_next;  // index pass: next shared step (reset by the offsets pass)
 };
 static_assert(sizeof(Counters) <= kCountersBytes, "counters outgrew their buffer");
 
@@ -184,12 +194,29 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
   for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kBlock * kBagsPerThread; base < nb;
        base += static_cast<std::int64_t>(gridDim.x) * kBlock * kBagsPerThread) {
     std::int64_t start[kBagsPerThread], end[kBagsPerThread];
+#if HIPDLRM_BC_PREP_SHFL
+    // Bag b ends where bag b + 1 (the next lane's) starts: one load per bag, plus one per wave.
+    const bool last_lane = threadIdx.x % gpu::kWaveSize == gpu::kWaveSize - 1;
+    std::int64_t extra[kBagsPerThread];
+#pragma unroll
+    for (int j = 0; j < kBagsPerThread; ++j) {
+      const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
+      start[j] = b <= nb ? static_cast<std::int64_t>(p.offsets[b]) : 0;
+      extra[j] = last_lane && b < nb ? static_cast<std::int64_t>(p.offsets[b + 1]) : 0;
+    }
+#pragma unroll
+    for (int j = 0; j < kBagsPerThread; ++j) {
+      const std::int64_t next = gpu::shfl_down(start[j], 1u);
+      end[j] = last_lane ? extra[j] : next;
+    }
+#else
 #pragma unroll
     for (int j = 0; j < kBagsPerThread; ++j) {
       const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
       start[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b]) : 0;
       end[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b + 1]) : 0;
     }
+#endif
 #pragma unroll
     for (int j = 0; j < kBagsPerThread; ++j) {
       const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
@@ -198,6 +225,9 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
     }
   }
   if (blockIdx.x == 0 && threadIdx.x == 0 && static_cast<std::int64_t>(p.offsets[nb]) != n) c->last_wrong = 1;
+#if HIPDLRM_BC_POOL
+  if (blockIdx.x == 0 && threadIdx.x == 0) c->pool_next = 0;  // the index pass reads it after this kernel
+#endif
   local = gpu::block_reduce<kBlock>(local, SumOp(), smem);
   if (threadIdx.x == 0) {
     if (local != 0) gpu::atomic_add(&c->invalid_bags, local);
@@ -355,9 +385,16 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
   // faster with no violations and with clustered ones (44 vs 48-51 us at 0%), slower when violations
   // are scattered (76 vs 70-73 us at 20% random, where every other sector is written back).
   const std::int64_t num_vecs = n / kVec;
+#if HIPDLRM_BC_POOL
+  // Each block's own range: whole steps, (1000 - POOL) per mille of the vectors in all; the rest is
+  // taken a step at a time from a shared counter by whichever blocks finish first.
+  const std::int64_t per_block = (num_vecs * (1000 - HIPDLRM_BC_POOL) / 1000 / gridDim.x) / kStep * kStep;
+  const std::int64_t pool_begin = per_block * gridDim.x;
+#else
   const std::int64_t per_block = (num_vecs + gridDim.x - 1) / gridDim.x;
+#endif
   const std::int64_t vbegin = static_cast<std::int64_t>(blockIdx.x) * per_block;
-  const std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
+  std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
   const Vec* const vecs = reinterpret_cast<const Vec*>(p.indices);
   auto load_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
 #pragma unroll
@@ -398,7 +435,13 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
 #pragma unroll
     for (int e = 0; e < kVec; ++e)
       if (bad & (1u << e)) vec.v[e] = 0;
-    if constexpr (kWrite) reinterpret_cast<Vec*>(p.indices)[vi] = vec;
+    if constexpr (kWrite) {
+#if HIPDLRM_BC_STORE_CS && defined(__CUDA_ARCH__)
+      __stcs(reinterpret_cast<int4*>(reinterpret_cast<Vec*>(p.indices) + vi), *reinterpret_cast<const int4*>(&vec));
+#else
+      reinterpret_cast<Vec*>(p.indices)[vi] = vec;
+#endif
+    }
   };
   auto check_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
     const std::int64_t first_vi = v0 + threadIdx.x;
@@ -453,6 +496,23 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
     load_step(buf, v0);
     if (!waited && wait_for_offsets_pass()) return;
     check_step(buf, v0);
+  }
+#endif
+#if HIPDLRM_BC_POOL
+  if (!waited && wait_for_offsets_pass()) return;
+  {
+    __shared__ unsigned long long s_chunk;
+    for (;;) {
+      if (threadIdx.x == 0) s_chunk = atomicAdd(&ws.counters->pool_next, 1ull);
+      __syncthreads();
+      const std::int64_t v0 = pool_begin + static_cast<std::int64_t>(s_chunk) * kStep;
+      __syncthreads();
+      if (v0 >= num_vecs) break;
+      vend = v0 + kStep < num_vecs ? v0 + kStep : num_vecs;
+      Vec buf[kUnroll];
+      load_step(buf, v0);
+      check_step(buf, v0);
+    }
   }
 #endif
   // The last few indices (fewer than a vector) go to the last block, one per thread.
