@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Kernel-development helper (device machine, branch bc-stream): the standalone bounds-check timing
+# Kernel-development helper (device machine): the standalone bounds-check timing
 # (tests/gpu/bounds_check_bench.cu) for several builds of the index pass, each argument one variant
 # (extra nvcc flags, "" for the default build), random placement; the first variant also clustered; then
 # Nsight Compute on the default build (0% and 20% random: both kernels' last calls). Logs under $OUT.
@@ -10,7 +10,11 @@ F=(-std=c++17 -O3 -arch=sm_90a -Icsrc/include -Icsrc/kernels -Icsrc -Itests/gpu)
 i=0
 for extra in "$@"; do
   src=csrc/kernels/bounds_check/bounds_check.cu
-  [ "$extra" = MAIN ] && { src=tests/gpu/ab/bounds_check_main.cu; extra=""; }  # main's kernel, the A/B anchor
+  # ANCHOR: another revision's kernel as the A/B anchor, written beforehand (on this machine) with
+  #   mkdir -p _build_kernels/ab && git show REV:csrc/kernels/bounds_check/bounds_check.cu |
+  #     sed 's|"bounds_check.h"|"bounds_check/bounds_check.h"|' > _build_kernels/ab/bounds_check_anchor.cu
+  # and carried (carry: ["_build_kernels/ab"]).
+  [ "$extra" = ANCHOR ] && { src=_build_kernels/ab/bounds_check_anchor.cu; extra=""; }
   nvcc "${F[@]}" $extra tests/gpu/bounds_check_bench.cu $src -o /tmp/bcb_$i > /tmp/bcb_$i.log 2>&1 &
   i=$((i+1))
 done

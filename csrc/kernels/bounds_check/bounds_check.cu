@@ -37,37 +37,15 @@ using gpu::MinOp;
 using gpu::SumOp;
 
 constexpr int kBlock = 256;
-#ifndef HIPDLRM_BC_UNROLL
-#define HIPDLRM_BC_UNROLL 8
-#endif
-#ifndef HIPDLRM_BC_PIPE
-#define HIPDLRM_BC_PIPE 0   // 1: the next step's loads are issued before this step is checked
-#endif
-#ifndef HIPDLRM_BC_MIN_BLOCKS
-#define HIPDLRM_BC_MIN_BLOCKS 1
-#endif
-#ifndef HIPDLRM_BC_FAST
-#define HIPDLRM_BC_FAST 1   // a step wholly inside one table checks each index with one compare
-#endif
-#ifndef HIPDLRM_BC_POOL
-#define HIPDLRM_BC_POOL 0   // per mille of the vectors handed out in steps from a shared counter (0: none)
-#endif
-#ifndef HIPDLRM_BC_PREP_SHFL
-#define HIPDLRM_BC_PREP_SHFL 0  // offsets pass: a bag's end from the neighbour lane instead of a second load
-#endif
-#ifndef HIPDLRM_BC_STORE_CS
-#define HIPDLRM_BC_STORE_CS 0
-#endif
-#ifndef HIPDLRM_BC_LOAD
-#define HIPDLRM_BC_LOAD 0   // 0: plain loads; 1: evict-first (ld.global.cs); 2: L1 no-allocate
-#endif
-constexpr int kUnroll = HIPDLRM_BC_UNROLL;  // vectors in flight per thread
+constexpr int kUnroll = 4;            // vectors in flight per thread (4: 64 registers, 4 blocks per SM on the H200)
+constexpr int kPoolPerMille = 500;    // share of the index vectors handed out step by step from a counter
 constexpr int kMaxBlocksPerSM = 8;    // upper bound of residency, sizes the per-block records
 constexpr int kBagsPerThread = 8;     // offsets pass
 constexpr std::int64_t kNone = LLONG_MAX;
 
 // Lives across calls (see Counters in bounds_check.h): zero between launches, and every launch leaves it
-// zero again, so no memset precedes the kernels.
+// zero again, so no memset precedes the kernels (pool_next excepted: the offsets pass zeroes it before
+// the index pass, which waits for that pass, reads it).
 struct Counters {
   unsigned prepare_ticket;
   unsigned check_ticket;
@@ -194,29 +172,12 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
   for (std::int64_t base = static_cast<std::int64_t>(blockIdx.x) * kBlock * kBagsPerThread; base < nb;
        base += static_cast<std::int64_t>(gridDim.x) * kBlock * kBagsPerThread) {
     std::int64_t start[kBagsPerThread], end[kBagsPerThread];
-#if HIPDLRM_BC_PREP_SHFL
-    // Bag b ends where bag b + 1 (the next lane's) starts: one load per bag, plus one per wave.
-    const bool last_lane = threadIdx.x % gpu::kWaveSize == gpu::kWaveSize - 1;
-    std::int64_t extra[kBagsPerThread];
-#pragma unroll
-    for (int j = 0; j < kBagsPerThread; ++j) {
-      const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
-      start[j] = b <= nb ? static_cast<std::int64_t>(p.offsets[b]) : 0;
-      extra[j] = last_lane && b < nb ? static_cast<std::int64_t>(p.offsets[b + 1]) : 0;
-    }
-#pragma unroll
-    for (int j = 0; j < kBagsPerThread; ++j) {
-      const std::int64_t next = gpu::shfl_down(start[j], 1u);
-      end[j] = last_lane ? extra[j] : next;
-    }
-#else
 #pragma unroll
     for (int j = 0; j < kBagsPerThread; ++j) {
       const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
       start[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b]) : 0;
       end[j] = b < nb ? static_cast<std::int64_t>(p.offsets[b + 1]) : 0;
     }
-#endif
 #pragma unroll
     for (int j = 0; j < kBagsPerThread; ++j) {
       const std::int64_t b = base + static_cast<std::int64_t>(j) * kBlock + threadIdx.x;
@@ -225,9 +186,7 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
     }
   }
   if (blockIdx.x == 0 && threadIdx.x == 0 && static_cast<std::int64_t>(p.offsets[nb]) != n) c->last_wrong = 1;
-#if HIPDLRM_BC_POOL
   if (blockIdx.x == 0 && threadIdx.x == 0) c->pool_next = 0;  // the index pass reads it after this kernel
-#endif
   local = gpu::block_reduce<kBlock>(local, SumOp(), smem);
   if (threadIdx.x == 0) {
     if (local != 0) gpu::atomic_add(&c->invalid_bags, local);
@@ -339,7 +298,7 @@ HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, 
 }
 
 template <typename index_t, int kMode, int kVec, bool kAtomics>
-__global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCKS) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
+__global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> p, Workspace<index_t> ws) {
   using Vec = IndexVec<index_t, kVec>;
   constexpr bool kTrack = kMode != kIgnore;
   constexpr bool kWrite = kMode != kFatal;
@@ -379,20 +338,17 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
     return kMode == kFatal && *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0;
   };
 
-  // Each block owns one contiguous range of whole vectors, the same size for every block, and streams
-  // it in steps of kBlock x kUnroll vectors; a vector with a repaired index is written back once, whole.
-  // Measured on the H200 against interleaving the blocks' steps across the grid (docs/bounds_check.md):
-  // faster with no violations and with clustered ones (44 vs 48-51 us at 0%), slower when violations
-  // are scattered (76 vs 70-73 us at 20% random, where every other sector is written back).
+  // Work split: each block first streams its own contiguous range of whole steps (kBlock x kUnroll
+  // vectors), the same size for every block, covering (1000 - kPoolPerMille) per mille of the vectors;
+  // the rest is handed out one step at a time from a counter to whichever blocks finish first. A vector
+  // with a repaired index is written back once, whole. Chosen from same-run A/Bs on the H200
+  // (docs/bounds_check.md): contiguous ranges are fastest with no violations (DRAM pages), the shared
+  // steps balance the blocks, whose speeds differ, and are faster when scattered violations make every
+  // other sector a write-back; half and half is within ~1 us of the best 0% time and meets 60% of the
+  // copy bandwidth at every random rate.
   const std::int64_t num_vecs = n / kVec;
-#if HIPDLRM_BC_POOL
-  // Each block's own range: whole steps, (1000 - POOL) per mille of the vectors in all; the rest is
-  // taken a step at a time from a shared counter by whichever blocks finish first.
-  const std::int64_t per_block = (num_vecs * (1000 - HIPDLRM_BC_POOL) / 1000 / gridDim.x) / kStep * kStep;
+  const std::int64_t per_block = (num_vecs * (1000 - kPoolPerMille) / 1000 / gridDim.x) / kStep * kStep;
   const std::int64_t pool_begin = per_block * gridDim.x;
-#else
-  const std::int64_t per_block = (num_vecs + gridDim.x - 1) / gridDim.x;
-#endif
   const std::int64_t vbegin = static_cast<std::int64_t>(blockIdx.x) * per_block;
   std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
   const Vec* const vecs = reinterpret_cast<const Vec*>(p.indices);
@@ -401,28 +357,19 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
       if (vi < vend) {
-#if HIPDLRM_BC_LOAD == 0 || !defined(__CUDA_ARCH__)
         buf[u] = vecs[vi];
-#else
-        const int4* src = reinterpret_cast<const int4*>(vecs + vi);
-        int4 w;
-#if HIPDLRM_BC_LOAD == 1
-        w = __ldcs(src);
-#else
-        asm volatile("ld.global.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
-                     : "=r"(w.x), "=r"(w.y), "=r"(w.z), "=r"(w.w) : "l"(src));
-#endif
-        buf[u] = *reinterpret_cast<const Vec*>(&w);
-#endif
       }
     }
   };
   // A vector with a repaired index: count, remember the first, zero the bad elements, store it whole.
   auto repair_vector = [&](Vec& vec, std::int64_t vi, unsigned bad) {
     if constexpr (kTrack) {
-      const int nbad = __popc(bad);
-      count += nbad;
-      if constexpr (kAtomics) gpu::atomic_add(count_target, static_cast<std::int64_t>(nbad));
+      count += __popc(bad);
+      if constexpr (kAtomics) {  // the ablation: one global atomic per violating index, as ported kernels do
+#pragma unroll
+        for (int e = 0; e < kVec; ++e)
+          if (bad & (1u << e)) gpu::atomic_add(count_target, std::int64_t{1});
+      }
       if (first_pos == kNone) {
         const int e0 = __ffs(bad) - 1;
         first_pos = vi * kVec + e0;
@@ -436,11 +383,7 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
     for (int e = 0; e < kVec; ++e)
       if (bad & (1u << e)) vec.v[e] = 0;
     if constexpr (kWrite) {
-#if HIPDLRM_BC_STORE_CS && defined(__CUDA_ARCH__)
-      __stcs(reinterpret_cast<int4*>(reinterpret_cast<Vec*>(p.indices) + vi), *reinterpret_cast<const int4*>(&vec));
-#else
       reinterpret_cast<Vec*>(p.indices)[vi] = vec;
-#endif
     }
   };
   auto check_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
@@ -448,7 +391,6 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
     if (first_vi >= vend) return;
     std::int64_t last_vi = v0 + static_cast<std::int64_t>(kUnroll - 1) * kBlock + threadIdx.x;
     if (last_vi >= vend) last_vi = vend - 1;
-#if HIPDLRM_BC_FAST
     if (first_vi * kVec >= cur.end) cur.seek(first_vi * kVec, p);
     if (cur.table >= 0 && last_vi * kVec + (kVec - 1) < cur.end) {
       // Every element of this thread's step lies in one table: valid iff index + 1 in [0, rows], one
@@ -466,7 +408,6 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
       }
       return;
     }
-#endif
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
@@ -478,27 +419,12 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
       if (bad != 0) repair_vector(buf[u], vi, bad);
     }
   };
-#if HIPDLRM_BC_PIPE
-  if (vbegin < vend) {
-    Vec cur[kUnroll], nxt[kUnroll];
-    load_step(cur, vbegin);
-    if (wait_for_offsets_pass()) return;
-    for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
-      if (v0 + kStep < vend) load_step(nxt, v0 + kStep);
-      check_step(cur, v0);
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) cur[u] = nxt[u];
-    }
-  }
-#else
   for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
     Vec buf[kUnroll];
     load_step(buf, v0);
     if (!waited && wait_for_offsets_pass()) return;
     check_step(buf, v0);
   }
-#endif
-#if HIPDLRM_BC_POOL
   if (!waited && wait_for_offsets_pass()) return;
   {
     __shared__ unsigned long long s_chunk;
@@ -514,7 +440,6 @@ __global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kBlock, HIPDLRM_BC_MIN_BLOCK
       check_step(buf, v0);
     }
   }
-#endif
   // The last few indices (fewer than a vector) go to the last block, one per thread.
   if (blockIdx.x == gridDim.x - 1) {
     if (!waited && wait_for_offsets_pass()) return;
