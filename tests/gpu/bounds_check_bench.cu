@@ -128,8 +128,17 @@ int main(int argc, char** argv) {
   d_off = static_cast<std::int64_t*>(check::to_device(offsets.data(), offsets.size() * 8));
   d_rpt = static_cast<std::int64_t*>(check::to_device(rpt.data(), rpt.size() * 8));
   CHECK_CUDA(cudaMalloc(&d_warn, 8));
+  // BC_MAPPED_REPORT=1: the report in pinned, mapped host memory, as the op writes it (default: device memory).
   bc::Report* report;
-  CHECK_CUDA(cudaMalloc(&report, sizeof(bc::Report)));
+  const bool mapped = std::getenv("BC_MAPPED_REPORT") != nullptr && std::atoi(std::getenv("BC_MAPPED_REPORT")) != 0;
+  if (mapped) {
+    void* h_report = nullptr;
+    CHECK_CUDA(cudaHostAlloc(&h_report, sizeof(bc::Report), cudaHostAllocMapped | cudaHostAllocPortable));
+    CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&report), h_report, 0));
+  } else {
+    CHECK_CUDA(cudaMalloc(&report, sizeof(bc::Report)));
+  }
+  std::printf("report in %s memory\n", mapped ? "mapped host" : "device");
   void* counters;
   CHECK_CUDA(cudaMalloc(&counters, bc::kCountersBytes));
   CHECK_CUDA(cudaMemset(counters, 0, bc::kCountersBytes));
