@@ -76,8 +76,11 @@ int main(int argc, char** argv) {
   int dev = 0, sms = 0;
   CHECK_CUDA(cudaGetDevice(&dev));
   CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaStream_t s;
-  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  // BC_NULL_STREAM=1: everything on the legacy default stream (PyTorch's default current stream).
+  cudaStream_t s = nullptr;
+  const bool null_stream = std::getenv("BC_NULL_STREAM") != nullptr && std::atoi(std::getenv("BC_NULL_STREAM")) != 0;
+  if (!null_stream) CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::printf("stream: %s\n", null_stream ? "legacy default" : "created, non-blocking");
 
   // Anchors: 1 GiB copy (read + write), read-only passes over the 110 MB of indices.
   const std::size_t big = std::size_t{1} << 30;
