@@ -1,14 +1,17 @@
 """Per-kernel GPU time of one call, from torch.profiler: where the time of a slow operator goes.
 
-Kernel development, not a benchmark of record (benchmarks/ is). Two workloads:
+Kernel development, not a benchmark of record (benchmarks/ is). Three workloads:
   hstu  the HSTU backward at generative-recommenders' shape (B=512, H=4, D=128, bf16, causal, lengths in
         [0.9 N, N)), N from --seq-len (default 1024): the dQ zeroing, the backward kernel, the dQ conversion;
   tbe   the TBE backward with EXACT_ROWWISE_ADAGRAD on the paper's configurations (--configs, default the
         uniform fp16 ones 0,1 and the fp32 one 2 for contrast), 1M rows per table, alpha 1.0 (uniform):
         linearise, sort, segments, apply. The untimed forward that precedes each backward is profiled too
         and listed under its own kernel names.
+  bounds  bounds_check_indices (WARNING) on the paper's workload (benchmarks/bounds_check.py's), random
+        violations at 0% and 5%: the offsets pass and the index pass, with the benchmark's restore copy
+        and L2 flush listed beside them.
 
-  python scripts/kernel_breakdown.py [hstu] [tbe] [--seq-len 1024] [--configs 0,1,2] [--reps 5] [--no-sr] [--no-profiler]
+  python scripts/kernel_breakdown.py [hstu] [tbe] [bounds] [--seq-len 1024] [--configs 0,1,2] [--reps 5] [--no-sr] [--no-profiler]
 
 Prints, per workload, each kernel's mean GPU time per call (us), its launches per call and its share of the
 total, and the sum. Needs a CUDA (or ROCm) device and the built extension.
@@ -100,9 +103,33 @@ def tbe(configs: List[int], reps: int, sr_off: bool = False) -> None:
         torch.cuda.empty_cache()
 
 
+def bounds(reps: int) -> None:
+    import argparse as _argparse
+
+    import bounds_check as BC
+    from common import _l2_flush_buffer
+
+    device = torch.device("cuda")
+    for rate in (0.0, 0.05):
+        args = _argparse.Namespace(tables=30, batch=32768, bag_size=14, rows=1_000_000, placement="random", seed=0)
+        wl = BC.make_workload(args, rate, torch.int64, device)
+        indices, offsets = wl.pristine.clone(), wl.offsets.clone()
+        warning = torch.zeros(1, dtype=torch.int64, device=device)
+        flush = _l2_flush_buffer(device)
+
+        def setup():
+            indices.copy_(wl.pristine)
+            warning.zero_()
+            flush.view(torch.int64).sum()
+
+        breakdown(f"bounds_check_indices, random violations {rate:.0%}",
+                  lambda: torch.ops.hipdlrm.bounds_check_indices(wl.rows_per_table, indices, offsets, 1, warning),
+                  setup, reps)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", nargs="*", help="hstu and/or tbe (default both)")
+    p.add_argument("what", nargs="*", help="hstu, tbe and/or bounds (default hstu and tbe)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--configs", default="0,1,2", help="comma-separated indices of benchmarks/tbe.py's configurations")
     p.add_argument("--reps", type=int, default=5)
@@ -111,9 +138,9 @@ def main(argv=None) -> int:
                    help="run the calls without torch.profiler (to run under Nsight Compute, which excludes it)")
     args = p.parse_args(argv)
     args.what = args.what or ["hstu", "tbe"]
-    bad = [w for w in args.what if w not in ("hstu", "tbe")]
+    bad = [w for w in args.what if w not in ("hstu", "tbe", "bounds")]
     if bad:
-        p.error(f"unknown workload(s) {bad}: choose from hstu, tbe")
+        p.error(f"unknown workload(s) {bad}: choose from hstu, tbe, bounds")
     global PROFILE
     PROFILE = not args.no_profiler
     if not torch.cuda.is_available():
@@ -123,6 +150,8 @@ def main(argv=None) -> int:
         hstu(args.seq_len, args.reps)
     if "tbe" in args.what:
         tbe([int(c) for c in args.configs.split(",") if c], args.reps, args.no_sr)
+    if "bounds" in args.what:
+        bounds(args.reps)
     return 0
 
 
