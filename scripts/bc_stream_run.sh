@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Kernel-development helper (device machine): the standalone bounds-check timing
 # (tests/gpu/bounds_check_bench.cu) for several builds of the index pass, each argument one variant
-# (extra nvcc flags, "" for the default build), random placement; the first variant also clustered; then
+# (extra nvcc flags such as -DHIPDLRM_BC_UNROLL=2 or -DHIPDLRM_BC_POOL=300, "" for the default build), random placement; the first variant also clustered; then
 # Nsight Compute on the default build (0% and 20% random: both kernels' last calls). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -37,8 +37,16 @@ using gpu::MinOp;
 using gpu::SumOp;
 
 constexpr int kBlock = 256;
-constexpr int kUnroll = 4;            // vectors in flight per thread (4: 64 registers, 4 blocks per SM on the H200)
-constexpr int kPoolPerMille = 500;    // share of the index vectors handed out step by step from a counter
+// Tuning knobs of the index pass, fixed here from same-run A/Bs on the H200 (docs/bounds_check.md); the
+// macros exist for those A/Bs (tests/gpu/bounds_check_bench.cu, scripts/bc_stream_run.sh).
+#ifndef HIPDLRM_BC_UNROLL
+#define HIPDLRM_BC_UNROLL 4
+#endif
+#ifndef HIPDLRM_BC_POOL
+#define HIPDLRM_BC_POOL 500
+#endif
+constexpr int kUnroll = HIPDLRM_BC_UNROLL;     // vectors in flight per thread (4: 61 registers, 4 blocks per SM on the H200)
+constexpr int kPoolPerMille = HIPDLRM_BC_POOL; // share of the index vectors handed out step by step from a counter
 constexpr int kMaxBlocksPerSM = 8;    // upper bound of residency, sizes the per-block records
 constexpr int kBagsPerThread = 8;     // offsets pass
 constexpr std::int64_t kNone = LLONG_MAX;
