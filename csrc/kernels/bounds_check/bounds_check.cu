@@ -59,7 +59,7 @@ struct Counters {
   unsigned check_ticket;
   std::int64_t invalid_bags;   // pass-1 count of locally invalid bags
   std::int64_t last_wrong;     // offsets[total_bags] != num_indices
-  unsigned long long pool_next;  // index pass: next shared step (reset by the offsets pass)
+  unsigned pool_next;          // index pass: next shared step (reset by the offsets pass)
 };
 static_assert(sizeof(Counters) <= kCountersBytes, "counters outgrew their buffer");
 
@@ -364,9 +364,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
-      if (vi < vend) {
-        buf[u] = vecs[vi];
-      }
+      if (vi < vend) buf[u] = vecs[vi];
     }
   };
   // A vector with a repaired index: count, remember the first, zero the bad elements, store it whole.
@@ -435,9 +433,9 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   }
   if (!waited && wait_for_offsets_pass()) return;
   {
-    __shared__ unsigned long long s_chunk;
+    __shared__ unsigned s_chunk;
     for (;;) {
-      if (threadIdx.x == 0) s_chunk = atomicAdd(&ws.counters->pool_next, 1ull);
+      if (threadIdx.x == 0) s_chunk = gpu::atomic_inc_ticket(&ws.counters->pool_next);
       __syncthreads();
       const std::int64_t v0 = pool_begin + static_cast<std::int64_t>(s_chunk) * kStep;
       __syncthreads();
