@@ -43,7 +43,13 @@ constexpr int kBlock = 256;
 #define HIPDLRM_BC_UNROLL 4
 #endif
 #ifndef HIPDLRM_BC_POOL
+#if defined(HIPDLRM_PLATFORM_HIP)
+// CDNA: not measured (no AMD GPU here), and the shared counter would be a global atomic contended by every
+// block across the XCDs, which DESIGN.md's rule avoids: the equal contiguous ranges alone, as before.
+#define HIPDLRM_BC_POOL 0
+#else
 #define HIPDLRM_BC_POOL 500
+#endif
 #endif
 constexpr int kUnroll = HIPDLRM_BC_UNROLL;     // vectors in flight per thread (4: 61 registers, 4 blocks per SM on the H200)
 constexpr int kPoolPerMille = HIPDLRM_BC_POOL; // share of the index vectors handed out step by step from a counter
@@ -355,8 +361,12 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   // other sector a write-back; half and half is within ~1 us of the best 0% time and meets 60% of the
   // copy bandwidth at every random rate.
   const std::int64_t num_vecs = n / kVec;
+#if HIPDLRM_BC_POOL > 0
   const std::int64_t per_block = (num_vecs * (1000 - kPoolPerMille) / 1000 / gridDim.x) / kStep * kStep;
   const std::int64_t pool_begin = per_block * gridDim.x;
+#else
+  const std::int64_t per_block = (num_vecs + gridDim.x - 1) / gridDim.x;  // no shared steps
+#endif
   const std::int64_t vbegin = static_cast<std::int64_t>(blockIdx.x) * per_block;
   std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
   const Vec* const vecs = reinterpret_cast<const Vec*>(p.indices);
@@ -432,6 +442,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     check_step(buf, v0);
   }
   if (!waited && wait_for_offsets_pass()) return;
+#if HIPDLRM_BC_POOL > 0
   {
     __shared__ unsigned s_chunk;
     for (;;) {
@@ -446,6 +457,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       check_step(buf, v0);
     }
   }
+#endif
   // The last few indices (fewer than a vector) go to the last block, one per thread.
   if (blockIdx.x == gridDim.x - 1) {
     if (!waited && wait_for_offsets_pass()) return;
