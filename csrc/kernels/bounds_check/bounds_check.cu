@@ -52,7 +52,9 @@ constexpr int kBlock = 256;
 #endif
 #endif
 constexpr int kUnroll = HIPDLRM_BC_UNROLL;     // vectors in flight per thread (4: 61 registers, 4 blocks per SM on the H200)
+#if HIPDLRM_BC_POOL > 0
 constexpr int kPoolPerMille = HIPDLRM_BC_POOL; // share of the index vectors handed out step by step from a counter
+#endif
 constexpr int kMaxBlocksPerSM = 8;    // upper bound of residency, sizes the per-block records
 constexpr int kBagsPerThread = 8;     // offsets pass
 constexpr std::int64_t kNone = LLONG_MAX;
