@@ -484,6 +484,10 @@ int main(int argc, char** argv) {
       {"d64/256 noncausal rab", 64, 256, false, false, 0, 0, Rab::kFull, true, false, 1.0f, false},
       {"d256/64 causal ctx mal", 256, 64, true, false, 100, 2, Rab::kNone, false, false, 1.0f, false},
       {"d128 causal long", 128, 128, true, false, 0, 0, Rab::kNone, false, false, 1.0f, true},
+      // The lean instantiation at d128 (plain masks, no rab or per-token scale), short and long sequences.
+      {"d128 causal lean", 128, 128, true, false, 0, 0, Rab::kNone, false, false, 1.0f, false},
+      {"d128 noncausal lean", 128, 128, false, false, 0, 0, Rab::kNone, false, false, 2.0f, false},
+      {"d128 noncausal long", 128, 128, false, false, 0, 0, Rab::kNone, false, false, 1.0f, true},
   };
   std::mt19937 rng(1234);
   int failed = 0, total = 0;
