@@ -87,6 +87,16 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
 #define HIPDLRM_SM90_BWD_EPI_SMEM 1
 #endif
+// The walk in descending query order (-DHIPDLRM_SM90_BWD_DESCEND=1; 0: ascending from the first query block with
+// work). The key blocks of one (sample, head) run at the same time (consecutive programs); walking down from the
+// last query block, they all read the same q / dO tile and add to the same dQ rows at about the same moment,
+// which keeps both in the L2 between them, where the ascending walk spreads one tile's readers over the walk.
+#if !defined(HIPDLRM_SM90_BWD_DESCEND)
+#define HIPDLRM_SM90_BWD_DESCEND 0
+#endif
+#if HIPDLRM_SM90_BWD_DESCEND && HIPDLRM_SM90_BWD_PERSIST
+#error "HIPDLRM_SM90_BWD_DESCEND does not support HIPDLRM_SM90_BWD_PERSIST"
+#endif
 
 struct Sm90BwdConfig {
   static constexpr int kD = 128;
@@ -180,6 +190,16 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     stage_swizzled<kBN, kThreads>(dst, blk.kg, blk.j0, blk.rows.nkv, blk.k_stride, p.dqk);
     stage_swizzled<kBN, kThreads>(dst + Cfg::kTileK, blk.vg, blk.j0, blk.rows.nkv, blk.v_stride, p.dv);
   };
+  // The walk: its first step, the step after t, and whether t is past the end.
+#if HIPDLRM_SM90_BWD_DESCEND
+  auto walk_first = [](const Block& blk) { return blk.prev_step(blk.num_steps - 1); };
+  auto walk_after = [](const Block& blk, int t) { return blk.prev_step(t - 1); };
+  auto walk_done = [](const Block&, int t) { return t < 0; };
+#else
+  auto walk_first = [](const Block& blk) { return blk.next_step(0); };
+  auto walk_after = [](const Block& blk, int t) { return blk.next_step(t + 1); };
+  auto walk_done = [](const Block& blk, int t) { return t >= blk.num_steps; };
+#endif
   unsigned qdo_phases = 0;  // bit s: the parity of stage s's next mbarrier phase (bit 2: the k / v prefetch)
   auto wait_qdo = [&](bool by_tma, int stage) {
     if (by_tma) {
@@ -248,8 +268,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     bool tma_cur = t >= 0;
     if (t < 0) {
       stage_kv(bb, kvb);
-      t = bb.next_step(0);
-      tma_cur = t < bb.num_steps && stage_qdo(bb, t, stage);
+      t = walk_first(bb);
+      tma_cur = !walk_done(bb, t) && stage_qdo(bb, t, stage);
       stage_commit();
       stage_wait<0>();
     } else {
@@ -272,9 +292,9 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       dv[e] = 0.0f;
     }
 
-    while (t < bb.num_steps) {
-      const int tn = bb.next_step(t + 1);
-      const bool last = tn >= bb.num_steps;
+    while (!walk_done(bb, t)) {
+      const int tn = walk_after(bb, t);
+      const bool last = walk_done(bb, tn);
       bool tma_next = false;
       if (!last) tma_next = stage_qdo(bb, tn, stage ^ 1);
       stage_commit();

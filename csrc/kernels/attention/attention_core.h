@@ -514,6 +514,20 @@ struct BackwardBlock {
   HIPDLRM_DEVICE std::int64_t head_of(int t) const {
     return static_cast<std::int64_t>(V::kHstu ? hk : hk * group + t / num_qblocks);
   }
+  // The last step <= t that has work (-1 when none): the walk in descending order.
+  HIPDLRM_DEVICE int prev_step(int t) const {
+    while (t >= 0) {
+      const int qb = qb_of(t);
+      if (qb < qb_first) {
+        t -= qb + 1;  // the previous query head's last query block
+      } else if (mask.tile_any(qb * kBM, qb * kBM + kBM, j0, j0 + kBN)) {
+        break;
+      } else {
+        --t;
+      }
+    }
+    return t;
+  }
   // The first step >= t that has work (num_steps when none).
   HIPDLRM_DEVICE int next_step(int t) const {
     while (t < num_steps) {
