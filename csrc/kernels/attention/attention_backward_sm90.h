@@ -87,12 +87,12 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
 #define HIPDLRM_SM90_BWD_EPI_SMEM 1
 #endif
-// The walk in descending query order (-DHIPDLRM_SM90_BWD_DESCEND=1; 0: ascending from the first query block with
+// The walk in descending query order (default; -DHIPDLRM_SM90_BWD_DESCEND=0: ascending from the first query block with
 // work). The key blocks of one (sample, head) run at the same time (consecutive programs); walking down from the
 // last query block, they all read the same q / dO tile and add to the same dQ rows at about the same moment,
 // which keeps both in the L2 between them, where the ascending walk spreads one tile's readers over the walk.
 #if !defined(HIPDLRM_SM90_BWD_DESCEND)
-#define HIPDLRM_SM90_BWD_DESCEND 0
+#define HIPDLRM_SM90_BWD_DESCEND 1
 #endif
 #if HIPDLRM_SM90_BWD_DESCEND && HIPDLRM_SM90_BWD_PERSIST
 #error "HIPDLRM_SM90_BWD_DESCEND does not support HIPDLRM_SM90_BWD_PERSIST"
