@@ -2,9 +2,9 @@
 // same variants, masks, arguments and outputs as attention_backward.h), on warpgroup MMA (wgmma).
 //
 // One block of two warpgroups per (sample, kv head, 128 keys); warpgroup w owns keys [64 w, 64 w + 64) of
-// the block. k and v are staged once; the steps walk the same (query head, 64-query block) sequence as the
-// portable kernel, q and dO of the next step landing in the other of two shared-memory stages (cp.async)
-// while this one is computed. Per step and warpgroup:
+// the block. k and v are staged once; the steps are the portable kernel's (query head, 64-query block) steps,
+// walked in reverse (HIPDLRM_SM90_BWD_DESCEND), q and dO of the next step landing in the other of two
+// shared-memory stages (TMA or cp.async) while this one is computed. Per step and warpgroup:
 //   S^T[64 keys x 64 q] = k q^T and dP^T = v dO^T   wgmma, both operands in shared memory (K-major);
 //   P^T, dX^T in registers                            alpha, rab, activation and act', mask, row scale;
 //   dV += P^T dO, dK += dX^T q                        wgmma with P^T / dX^T as register A operands and
@@ -93,11 +93,6 @@ namespace attention {
 // which keeps both in the L2 between them, where the ascending walk spreads one tile's readers over the walk.
 #if !defined(HIPDLRM_SM90_BWD_DESCEND)
 #define HIPDLRM_SM90_BWD_DESCEND (HIPDLRM_SM90_BWD_PERSIST ? 0 : 1)
-#endif
-// k and v of a key block that lies wholly inside its sequence staged by one thread's TMA copies in the prologue
-// (lean HSTU; -DHIPDLRM_SM90_BWD_KV_TMA=1) instead of every thread's cp.async.
-#if !defined(HIPDLRM_SM90_BWD_KV_TMA)
-#define HIPDLRM_SM90_BWD_KV_TMA 0
 #endif
 #if HIPDLRM_SM90_BWD_DESCEND && HIPDLRM_SM90_BWD_PERSIST
 #error "HIPDLRM_SM90_BWD_DESCEND does not support HIPDLRM_SM90_BWD_PERSIST"
@@ -272,29 +267,11 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     int t = ctl.pref_t;  // the previous tile's last barrier made it visible
     bool tma_cur = t >= 0;
     if (t < 0) {
-      bool kv_tma = false;
-#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_BWD_KV_TMA && !HIPDLRM_SM90_BWD_PERSIST
-      kv_tma = kLean && maps.kv_enabled && j0 + kBN <= nkv;
-      if (kv_tma) {
-        if (tid == 0) {
-          wg::fence_smem_for_async();  // a previous tile's epilogue read these buffers through the generic proxy
-          const int col = bb.hk * 128, row = static_cast<int>(rows.kv0 + j0);
-          gpu::mbar::arrive_expect_tx(qdo_full + 2, 2 * Cfg::kTileK);
-          gpu::mbar::tma_load_2d(k_s, &maps.k, col, row, qdo_full + 2);
-          gpu::mbar::tma_load_2d(k_s + kBlockK, &maps.k, col + 64, row, qdo_full + 2);
-          gpu::mbar::tma_load_2d(v_s, &maps.v, col, row, qdo_full + 2);
-          gpu::mbar::tma_load_2d(v_s + kBlockK, &maps.v, col + 64, row, qdo_full + 2);
-        }
-      } else
-#endif
-      {
-        stage_kv(bb, kvb);
-      }
+      stage_kv(bb, kvb);
       t = walk_first(bb);
       tma_cur = !walk_done(bb, t) && stage_qdo(bb, t, stage);
       stage_commit();
       stage_wait<0>();
-      wait_qdo(kv_tma, 2);
     } else {
       wait_qdo(true, 2);  // k / v by TMA
     }
@@ -694,8 +671,7 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
                    gpu::make_tma_map_2d(&maps.q, args.q, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM) &&
                    gpu::make_tma_map_2d(&maps.dout, args.grad_out, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM);
     // HSTU: k / v have the same rows and heads as q.
-    maps.kv_enabled = (HIPDLRM_SM90_BWD_PERSIST ? args.tile_counter != nullptr : HIPDLRM_SM90_BWD_KV_TMA != 0) &&
-                      kLean && V::kHstu && maps.enabled &&
+    maps.kv_enabled = HIPDLRM_SM90_BWD_PERSIST && kLean && V::kHstu && maps.enabled && args.tile_counter != nullptr &&
                       gpu::make_tma_map_2d(&maps.k, args.k, kBf16, cols, p.total_tokens, cols, Cfg::kBlockN) &&
                       gpu::make_tma_map_2d(&maps.v, args.v, kBf16, cols, p.total_tokens, cols, Cfg::kBlockN);
   }
@@ -704,7 +680,7 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
   // the counter zeroed here; else one block per tile.
   std::int64_t grid = blocks;
   AttentionBackwardArgs kargs = args;
-  if (!HIPDLRM_SM90_BWD_PERSIST || !maps.kv_enabled) kargs.tile_counter = nullptr;
+  if (!maps.kv_enabled) kargs.tile_counter = nullptr;
   if (kargs.tile_counter != nullptr) {
     const int sms = gpu::device_multiprocessors(gpu::current_device());
     if (sms > 0 && grid > sms) grid = sms;
