@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-machine helper (one call): build the extension (and the standalone GDPA check for sm_90a at
-# once), pytest test_attention / test_gdpa, the HSTU d128 and GDPA N=1024 benchmarks (results under $OUT),
+# once; VARIANTS below: a standalone HSTU backward A/B meanwhile), pytest test_attention / test_gdpa, the HSTU d128 and GDPA N=1024 benchmarks (results under $OUT),
 # (FULL_GDPA=1: the whole GDPA workload), then, unless SKIP_NCU=1 and where Nsight Compute exists, a profile of the GDPA gelu forward kernel at N = 1024.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -9,7 +9,14 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0a} MAX_JOBS=${MAX_JOBS:-1
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CC=/usr/bin/gcc
 nvcc -std=c++17 -O2 -arch=sm_90a -DHIPDLRM_SM90A_KERNELS -Icsrc/include -Icsrc/kernels tests/gpu/gdpa_check.cu \
   csrc/kernels/attention/gdpa_forward.cu csrc/kernels/attention/gdpa_backward.cu -o /tmp/gdpa_check > "$OUT/gdpa_check_build.log" 2>&1 &
-python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 || { tail -30 "$OUT/build.log"; exit 1; }
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 & BUILD=$!
+# VARIANTS="v1;v2;...": meanwhile, a same-run kernel-only A/B of the standalone HSTU backward check over those nvcc
+# flag sets ("" or an empty item: the tree's defaults), e.g. VARIANTS=";-DHIPDLRM_SM90_BWD_DESCEND=0".
+if [ -n "${VARIANTS+x}" ]; then
+  IFS=';' read -r -a variants <<< "$VARIANTS"; [ ${#variants[@]} -eq 0 ] && variants=("")
+  SKIP_ANCHOR=1 CHECKS=hstubwd bash scripts/attn_sm90_try.sh "${variants[@]}" > "$OUT/ab.log" 2>&1; cat "$OUT/ab.log"
+fi
+wait $BUILD || { tail -30 "$OUT/build.log"; exit 1; }
 echo "[final] built"
 for fam in attention gdpa; do
   timeout 240 python3 -m pytest "tests/python/test_$fam.py" -q -p no:cacheprovider > "$OUT/test_$fam.log" 2>&1
