@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device-machine helper (one call): build the extension (and the standalone GDPA check for sm_90a at
-# once; VARIANTS below: a standalone HSTU backward A/B meanwhile), pytest test_attention / test_gdpa, the HSTU d128 and GDPA N=1024 benchmarks (results under $OUT),
+# once; VARIANTS or AB_BASE below: a standalone backward A/B meanwhile), pytest test_attention / test_gdpa, the HSTU d128 and GDPA N=1024 benchmarks (results under $OUT),
 # (FULL_GDPA=1: the whole GDPA workload), then, unless SKIP_NCU=1 and where Nsight Compute exists, a profile of the GDPA gelu forward kernel at N = 1024.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,11 @@ nvcc -std=c++17 -O2 -arch=sm_90a -DHIPDLRM_SM90A_KERNELS -Icsrc/include -Icsrc/k
 python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>&1 & BUILD=$!
 # VARIANTS="v1;v2;...": meanwhile, a same-run kernel-only A/B of the standalone HSTU backward check over those nvcc
 # flag sets ("" or an empty item: the tree's defaults), e.g. VARIANTS=";-DHIPDLRM_SM90_BWD_DESCEND=0".
-if [ -n "${VARIANTS+x}" ]; then
+# AB_BASE=DIR instead: the same for the standalone HSTU backward and GDPA checks built from another source tree
+# (scripts/ab_tree_run.sh, one round), e.g. DIR from `git archive REV csrc tests/gpu | tar -x -C DIR`.
+if [ -n "${AB_BASE:-}" ]; then
+  BASE="$AB_BASE" ROUNDS=1 OUT="$OUT" bash scripts/ab_tree_run.sh > /dev/null 2>&1; cat "$OUT/ab_tree.log"
+elif [ -n "${VARIANTS+x}" ]; then
   IFS=';' read -r -a variants <<< "$VARIANTS"; [ ${#variants[@]} -eq 0 ] && variants=("")
   SKIP_ANCHOR=1 CHECKS=hstubwd bash scripts/attn_sm90_try.sh "${variants[@]}" > "$OUT/ab.log" 2>&1; cat "$OUT/ab.log"
 fi

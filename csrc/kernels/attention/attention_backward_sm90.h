@@ -146,8 +146,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   constexpr bool kSplitGroups = HIPDLRM_SM90_BWD_SPLIT != 0;
 
   extern __shared__ uint4 smem_raw[];
-  unsigned char* const smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
+  unsigned char* const smem = wg::aligned_smem(smem_raw);
   unsigned char* const kv_s = smem;  // kKvBufs buffers of (k, v)
   unsigned char* const stage_s = kv_s + Cfg::kKvBufs * 2 * Cfg::kTileK;  // two stages of (q, dO)
   unsigned char* const ds_s = stage_s + 2 * 2 * Cfg::kTileQ;
@@ -302,6 +301,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       const unsigned char* const do_s = q_s + Cfg::kTileQ;
       const int i0 = bb.qb_of(t) * kBM;
       const std::int64_t h = bb.head_of(t);
+      // wgmma descriptors of this step's operands, built once; each k16 slice adds its offset (desc_add).
+      const std::uint64_t desc_k = wg::desc(k_s + 64 * wgi * 128, 16, 1024);
+      const std::uint64_t desc_v = wg::desc(v_s + 64 * wgi * 128, 16, 1024);
+      const std::uint64_t desc_q = wg::desc(q_s, 16, 1024), desc_do = wg::desc(do_s, 16, 1024);
+      const std::uint64_t desc_q_t = wg::desc(q_s, kBlockQ, 1024), desc_do_t = wg::desc(do_s, kBlockQ, 1024);
+      const std::uint64_t desc_ds = wg::desc(ds_s, Cfg::kTileS, 1024);
+      const std::uint64_t desc_k_t = wg::desc(k_s + wgi * kBlockK, kBlockK, 1024);
 
       const bool inside_seq = !V::kHstu || (i0 + kBM <= nq && kw0 + 64 <= nkv);
       const bool full = inside_seq && rab == nullptr && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
@@ -319,16 +325,14 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         for (int kk = 0; kk < 8; ++kk) {
           const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
           const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
-          wg::SS<64, kBf16>::run(st, wg::desc(k_s + 64 * wgi * 128 + off, 16, 1024), wg::desc(q_s + offq, 16, 1024),
-                                 kk > 0 ? 1 : 0);
+          wg::SS<64, kBf16>::run(st, wg::desc_add(desc_k, off), wg::desc_add(desc_q, offq), kk > 0 ? 1 : 0);
         }
         if (kSplitGroups) wg::commit();
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
           const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
           const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
-          wg::SS<64, kBf16>::run(dpt, wg::desc(v_s + 64 * wgi * 128 + off, 16, 1024), wg::desc(do_s + offq, 16, 1024),
-                                 kk > 0 ? 1 : 0);
+          wg::SS<64, kBf16>::run(dpt, wg::desc_add(desc_v, off), wg::desc_add(desc_do, offq), kk > 0 ? 1 : 0);
         }
         wg::commit();
         // S first (dP^T may still be computing): P^T = act(x) s into pp, and act'(x) s kept in st.
@@ -378,7 +382,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         wg::fence();
         wg::fence_regs(dv);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dv, pp[kk], wg::desc(do_s + 16 * kk * 128, kBlockQ, 1024));
+        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dv, pp[kk], wg::desc_add(desc_do_t, 16 * kk * 128));
         wg::commit();
         if (kSplitGroups) {
           wg::wait<1>();
@@ -410,7 +414,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         wg::fence();
         wg::fence_regs(dk);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dk, px[kk], wg::desc(q_s + 16 * kk * 128, kBlockQ, 1024));
+        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
         wg::commit();
       } else {
 #pragma unroll
@@ -468,8 +472,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         wg::fence();
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
-          wg::SST<64, kBf16>::run(dq, wg::desc(ds_s + 16 * kk * 128, Cfg::kTileS, 1024),
-                                  wg::desc(k_s + wgi * kBlockK + 16 * kk * 128, kBlockK, 1024), kk > 0 ? 1 : 0);
+          wg::SST<64, kBf16>::run(dq, wg::desc_add(desc_ds, 16 * kk * 128), wg::desc_add(desc_k_t, 16 * kk * 128),
+                                  kk > 0 ? 1 : 0);
         }
         wg::commit();
         wg::wait<0>();
@@ -523,18 +527,31 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         } else
 #endif
         {
-          float* const dqa = bb.dqa0 + h * p.dqk;
+          // One base address per row and immediate offsets (a reduction's operand registers stay locked until
+          // the memory unit has read them: addresses recomputed into the same registers serialised the 16
+          // reductions of a step). Head dims below 128 drop the pairs past dqk, at the cost of that ordering.
+          const int c0 = 64 * wgi + 2 * t4;
+          float* const dqa = bb.dqa0 + h * p.dqk + c0;
+          const bool all_cols = p.dqk == 128;
+          // Both rows' addresses before the first reduction: nothing is computed between them.
+          const int ia = i0 + 16 * warp + g;
+          float* const rows2[2] = {dqa + static_cast<std::int64_t>(ia) * bb.q_stride,
+                                   dqa + static_cast<std::int64_t>(ia + 8) * bb.q_stride};
 #pragma unroll
           for (int half = 0; half < 2; ++half) {
-            const int i = i0 + 16 * warp + g + 8 * half;
-            if (i < nq) {
-              float* const row = dqa + static_cast<std::int64_t>(i) * bb.q_stride;
+            if (ia + 8 * half < nq) {
+              float* const row = rows2[half];
+              if (all_cols) {
 #pragma unroll
-              for (int jj = 0; jj < 8; ++jj) {
-                const int col = 64 * wgi + 8 * jj + 2 * t4;
-                if (col < p.dqk) {
+                for (int jj = 0; jj < 8; ++jj) {
                   const float vals[2] = {alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]};
-                  gpu::atomic_add_vec<2>(row + col, vals);
+                  gpu::atomic_add_vec<2>(row + 8 * jj, vals);
+                }
+              } else {
+#pragma unroll
+                for (int jj = 0; jj < 8; ++jj) {
+                  const float vals[2] = {alpha * dq[4 * jj + 2 * half], alpha * dq[4 * jj + 2 * half + 1]};
+                  if (c0 + 8 * jj < p.dqk) gpu::atomic_add_vec<2>(row + 8 * jj, vals);
                 }
               }
             }

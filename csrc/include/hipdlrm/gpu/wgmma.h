@@ -43,6 +43,23 @@ HIPDLRM_DEVICE std::uint64_t desc(const void* smem, int lbo_bytes, int sbo_bytes
          (static_cast<std::uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (std::uint64_t{1} << 62);
 }
 
+// The first 1024-byte aligned byte of the dynamic shared memory `raw` (the swizzled atoms need that alignment), as
+// pointer arithmetic on `raw` itself: the compiler then still knows the result points to shared memory and emits
+// st.shared / ld.shared with 32-bit addresses. Rounding the integer value of the pointer instead loses the address
+// space: every access becomes a generic ST.E / LD.E with a 64-bit address (two registers each).
+HIPDLRM_DEVICE unsigned char* aligned_smem(void* raw) {
+  const auto a = static_cast<std::uint32_t>(__cvta_generic_to_shared(raw));
+  return static_cast<unsigned char*>(raw) + ((1024u - (a & 1023u)) & 1023u);
+}
+
+// The descriptor of the operand `bytes` (a multiple of 16) past the one `d` describes, same strides: the start
+// address field holds address / 16 in 14 bits, and shared memory ends below 256 KiB, so adding to it never
+// carries out of the field (nor out of the low 32-bit word). One integer add instead of rebuilding the descriptor from a pointer.
+HIPDLRM_DEVICE std::uint64_t desc_add(std::uint64_t d, int bytes) {
+  const std::uint32_t lo = static_cast<std::uint32_t>(d) + static_cast<std::uint32_t>(bytes >> 4);  // 32-bit add
+  return (d & 0xFFFFFFFF00000000ull) | lo;
+}
+
 HIPDLRM_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 HIPDLRM_DEVICE void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int kPending>
