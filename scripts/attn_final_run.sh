@@ -15,7 +15,7 @@ python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/build.log" 2>
 # AB_BASE=DIR instead: the same for the standalone HSTU backward and GDPA checks built from another source tree
 # (scripts/ab_tree_run.sh, one round), e.g. DIR from `git archive REV csrc tests/gpu | tar -x -C DIR`.
 if [ -n "${AB_BASE:-}" ]; then
-  BASE="$AB_BASE" ROUNDS=1 OUT="$OUT" bash scripts/ab_tree_run.sh > /dev/null 2>&1; cat "$OUT/ab_tree.log"
+  BASE="$AB_BASE" ROUNDS=1 FWD=1 OUT="$OUT" bash scripts/ab_tree_run.sh > /dev/null 2>&1; cat "$OUT/ab_tree.log"
 elif [ -n "${VARIANTS+x}" ]; then
   IFS=';' read -r -a variants <<< "$VARIANTS"; [ ${#variants[@]} -eq 0 ] && variants=("")
   SKIP_ANCHOR=1 CHECKS=hstubwd bash scripts/attn_sm90_try.sh "${variants[@]}" > "$OUT/ab.log" 2>&1; cat "$OUT/ab.log"
@@ -27,6 +27,7 @@ for fam in attention gdpa; do
   echo "[final] test_$fam: $(tail -1 "$OUT/test_$fam.log")"
   grep -E "^FAILED|Error" "$OUT/test_$fam.log" | head -8
 done
+[ -n "${SKIP_BENCH:-}" ] && { wait; exit 0; }  # tests only (and the A/B above)
 rev=${HIPDLRM_GIT_REVISION:-local}
 python3 benchmarks/attention.py --head-dims 128 --iters 10 --warmup 3 --out "$OUT/attention-cuda-h200-d128-$rev.json" 2>&1 | tail -20
 if [ -n "${FULL_GDPA:-}" ]; then  # Meta's whole GDPA workload (lengths 256-2048, sparsity 0.5 and 1.0, PFFN)

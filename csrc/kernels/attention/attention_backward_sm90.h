@@ -84,6 +84,14 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_PERSIST)
 #define HIPDLRM_SM90_BWD_PERSIST 0
 #endif
+// dK += dX^T q issued after dQ = dS k (default; -DHIPDLRM_SM90_BWD_DK_LATE=0: before the dS barrier), so that
+// the dQ reductions are issued while the tensor cores compute dK; dK is awaited at the end of the step.
+#if !defined(HIPDLRM_SM90_BWD_DK_LATE)
+#define HIPDLRM_SM90_BWD_DK_LATE 1
+#endif
+#if !defined(HIPDLRM_SM90_BWD_HALF_SILU)
+#define HIPDLRM_SM90_BWD_HALF_SILU 1
+#endif
 #if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
 #define HIPDLRM_SM90_BWD_EPI_SMEM 1
 #endif
@@ -144,6 +152,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   constexpr int kBlockK = Cfg::kTileK / 2;  // bytes of one 64-column block of k / v (128 lines)
   constexpr int kBlockQ = Cfg::kTileQ / 2;  // bytes of one 64-column block of q / dO (64 lines)
   constexpr bool kSplitGroups = HIPDLRM_SM90_BWD_SPLIT != 0;
+  constexpr bool kDkLate = HIPDLRM_SM90_BWD_DK_LATE != 0;
+  // HSTU's SiLU in the tanh form computed from x / 2 (Act::fg_half; -DHIPDLRM_SM90_BWD_HALF_SILU=0: Act::fg).
+#if defined(HIPDLRM_HAS_FAST_TANH)
+  constexpr bool kHalfSilu = HIPDLRM_SM90_BWD_HALF_SILU && V::kHstu && V::kAct == Activation::kSilu && kTanhActivation<T>;
+#else
+  constexpr bool kHalfSilu = false;
+#endif
 
   extern __shared__ uint4 smem_raw[];
   unsigned char* const smem = wg::aligned_smem(smem_raw);
@@ -255,6 +270,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     const int nq = rows.nq, nkv = rows.nkv, j0 = bb.j0;
     const typename V::Mask mask = bb.mask;
     const float alpha = bb.alpha;
+    const float half_alpha = 0.5f * alpha;  // kHalfSilu's argument scale
     // kLean: none of these (the launcher checked), as compile-time nulls.
     const T* const rab = kLean ? nullptr : bb.rab;
     float* const grad_rab = kLean ? nullptr : bb.grad_rab;
@@ -318,6 +334,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           kLean || (HIPDLRM_SM90_BWD_CAUSAL_FAST && !full && rab == nullptr && mask.plain_causal());
       const bool lean_causal = kLean && mask.plain_causal();
       std::uint32_t pp[4][4], px[4][4];  // P^T and dX^T as register A operands (k16 steps over the queries)
+      auto issue_dk = [&] {  // dK += dX^T q
+        wg::fence();
+        wg::fence_regs(dk);
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
+        wg::commit();
+      };
       if (live) {
         float st[32], dpt[32];
         wg::fence();
@@ -350,15 +373,23 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
           const bool inside =
               kKind == 0 || (i < nq && j < nkv && (kKind == 1 ? (kLean && !lean_causal) || j <= i : mask.valid(i, j)));
-          float x = V::kHstu ? alpha * st[e] : st[e];
-          if (kMasked && rab != nullptr && inside) {
-            x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+          float gr, a;
+          if constexpr (kHalfSilu) {  // gr = 2 act'(x): the half goes into the scale below
+            float h = half_alpha * st[e];
+            if (kMasked && rab != nullptr && inside) {
+              h += 0.5f * gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+            }
+            a = F::fg_half(h, gr);
+          } else {
+            float x = V::kHstu ? alpha * st[e] : st[e];
+            if (kMasked && rab != nullptr && inside) {
+              x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+            }
+            a = F::fg(x, gr);
           }
-          float gr;
-          const float a = F::fg(x, gr);
           float s = 0.0f;
           if (inside) s = scale_per_token != nullptr ? scale_per_token[rows.q0 + i] : p.scale_value;
-          st[e] = inside ? gr * s : 0.0f;  // dX = dP act'(x) s, once dP^T is in
+          st[e] = inside ? gr * ((kHalfSilu ? 0.5f : 1.0f) * s) : 0.0f;  // dX = dP act'(x) s, once dP^T is in
           return inside ? a * s : 0.0f;
         };
         auto pack_p = [&](auto kind) {
@@ -411,11 +442,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
             }
           }
         }
-        wg::fence();
-        wg::fence_regs(dk);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
-        wg::commit();
+        if (!kDkLate) issue_dk();
       } else {
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
@@ -476,7 +503,12 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
                                   kk > 0 ? 1 : 0);
         }
         wg::commit();
-        wg::wait<0>();
+        if (kDkLate && live) {  // dK after dQ: the dQ reductions below are issued while dK computes
+          issue_dk();
+          wg::wait<1>();
+        } else {
+          wg::wait<0>();
+        }
         wg::fence_regs(dq);
         wg::fence_regs(dv);
         wg::fence_regs(dk);
@@ -558,8 +590,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           }
         }
       } else {
+        if (kDkLate && live) issue_dk();
         wg::wait<0>();
         wg::fence_regs(dv);
+        wg::fence_regs(dk);
+      }
+      if (kDkLate) {  // dK read px and this step's q: done before either is rewritten
+        wg::wait<0>();
         wg::fence_regs(dk);
       }
 
