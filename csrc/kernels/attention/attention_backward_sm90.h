@@ -84,13 +84,17 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_PERSIST)
 #define HIPDLRM_SM90_BWD_PERSIST 0
 #endif
-// dK += dX^T q issued after dQ = dS k (default; -DHIPDLRM_SM90_BWD_DK_LATE=0: before the dS barrier), so that
-// the dQ reductions are issued while the tensor cores compute dK; dK is awaited at the end of the step.
+// dK += dX^T q issued after dQ = dS k (default, lean HSTU; -DHIPDLRM_SM90_BWD_DK_LATE=0: before the dS barrier), so
+// that the dQ reductions are issued while the tensor cores compute dK; dK is awaited at the end of the step.
+// Measured on the H200 (same run, standalone check, N = 1024 / 2048 / 4096): HSTU 235.6 / 289.6 / 326.8 ->
+// 242.9 / 300.7 / 341.0 TFLOP/s. GDPA keeps the early dK: with it late, its backward measured -1% to +1% and
+// its windowed instantiations spill more (80 -> 128 bytes); HSTU's general (not lean) instantiation too (28 -> 52
+// bytes), not measured for speed, so it keeps the early dK as well.
 #if !defined(HIPDLRM_SM90_BWD_DK_LATE)
 #define HIPDLRM_SM90_BWD_DK_LATE 1
 #endif
 #if !defined(HIPDLRM_SM90_BWD_HALF_SILU)
-#define HIPDLRM_SM90_BWD_HALF_SILU 1
+#define HIPDLRM_SM90_BWD_HALF_SILU 0
 #endif
 #if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
 #define HIPDLRM_SM90_BWD_EPI_SMEM 1
@@ -152,8 +156,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   constexpr int kBlockK = Cfg::kTileK / 2;  // bytes of one 64-column block of k / v (128 lines)
   constexpr int kBlockQ = Cfg::kTileQ / 2;  // bytes of one 64-column block of q / dO (64 lines)
   constexpr bool kSplitGroups = HIPDLRM_SM90_BWD_SPLIT != 0;
-  constexpr bool kDkLate = HIPDLRM_SM90_BWD_DK_LATE != 0;
-  // HSTU's SiLU in the tanh form computed from x / 2 (Act::fg_half; -DHIPDLRM_SM90_BWD_HALF_SILU=0: Act::fg).
+  constexpr bool kDkLate = HIPDLRM_SM90_BWD_DK_LATE != 0 && V::kHstu && kLean;
+  // HSTU's SiLU in the tanh form computed from x / 2 (Act::fg_half; -DHIPDLRM_SM90_BWD_HALF_SILU=1; the default 0:
+  // Act::fg). Fewer instructions per score, but in-loop spills: measured 240.4 against 242.9 TFLOP/s at N = 1024
+  // with the late dK, 241.0 against 235.6 without it (same run).
 #if defined(HIPDLRM_HAS_FAST_TANH)
   constexpr bool kHalfSilu = HIPDLRM_SM90_BWD_HALF_SILU && V::kHstu && V::kAct == Activation::kSilu && kTanhActivation<T>;
 #else

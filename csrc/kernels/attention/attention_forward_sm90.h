@@ -530,22 +530,20 @@ __global__ void __launch_bounds__(384, 1)
     // issues sit in straight-line code (no branch around them: ptxas serialises wgmma whose registers cross
     // a divergent path), so every consumer computes S for every block of the tile's list; the mask zeroes
     // what is outside.
-    // Descriptors built once per issue; each k16 slice adds its offset (wg::desc_add).
-    const std::uint64_t desc_q = wg::desc(q_wg, 16, 1024);
     auto issue_s = [&](float (&s)[kSRegs], int stage) {
-      const std::uint64_t desc_k = wg::desc(stage_ptr(stage), 16, 1024);
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        const std::uint64_t da = wg::desc_add(desc_q, (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32);
-        const std::uint64_t db = wg::desc_add(desc_k, (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32);
+        const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
+        const std::uint64_t db = wg::desc(stage_ptr(stage) + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
         wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
       }
       wg::commit();
     };
     auto issue_pv = [&](const std::uint32_t (&pa)[kPSteps][4], int stage) {
-      const std::uint64_t desc_v = wg::desc(stage_ptr(stage) + Cfg::kTileKV, Cfg::kTileKV / 2, 1024);
+      const unsigned char* const v_s = stage_ptr(stage) + Cfg::kTileKV;
 #pragma unroll
-      for (int kk = 0; kk < kPSteps; ++kk) wg::RS<128, kBf16>::run(o, pa[kk], wg::desc_add(desc_v, 16 * kk * 128));
+      for (int kk = 0; kk < kPSteps; ++kk)
+        wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
       wg::commit();
     };
     auto release = [&](std::uint64_t* bar) {
