@@ -106,3 +106,29 @@ TEST(WgmmaLayout, BankCounterSeesConflicts) {
   for (int lane = 0; lane < 32; ++lane) addr.push_back((lane % 8) * kLineBytes);
   EXPECT_EQ(max_bank_ways(addr, 16), 8);
 }
+
+// The descriptor fields as the PTX ISA lays them out, and desc_add's shortcut (one add to the start-address
+// field, which the Hopper kernels use for each k16 slice of an operand) equal to encoding the moved address, for
+// every 16-byte aligned address of the 228 KiB of shared memory and the offsets the kernels add.
+TEST(WgmmaLayout, DescriptorFieldsAndOffsets) {
+  using hipdlrm::gpu::wgmma::desc_add;
+  using hipdlrm::gpu::wgmma::desc_encode;
+  const std::uint64_t d = desc_encode(0x12340, 8192, 1024);
+  EXPECT_EQ(d & 0x3FFF, 0x12340u >> 4);
+  EXPECT_EQ((d >> 16) & 0x3FFF, 8192u >> 4);
+  EXPECT_EQ((d >> 32) & 0x3FFF, 1024u >> 4);
+  EXPECT_EQ(d >> 62, 1u);
+  EXPECT_EQ(d & ((std::uint64_t{0x3} << 14) | (std::uint64_t{0x3} << 30) | (std::uint64_t{0xFFFF} << 46)), 0u);
+  constexpr std::uint32_t kSmem = 228 * 1024;
+  // k16 slices: 32-byte steps inside a 128-byte line, 1024- to 32768-byte steps between blocks and stages.
+  const int offsets[] = {0, 32, 64, 96, 2048, 4096, 6144, 8192, 8192 + 96, 16384, 32768, 65536};
+  for (int lbo : {16, 8192, 16384, 32768}) {
+    for (std::uint32_t a = 0; a < kSmem; a += 16) {
+      const std::uint64_t base = desc_encode(a, lbo, 1024);
+      for (int off : offsets) {
+        if (a + static_cast<std::uint32_t>(off) >= kSmem) continue;
+        ASSERT_EQ(desc_add(base, off), desc_encode(a + off, lbo, 1024)) << "address " << a << " + " << off;
+      }
+    }
+  }
+}

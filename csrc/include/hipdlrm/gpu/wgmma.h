@@ -37,10 +37,7 @@ namespace wgmma {
 #if defined(HIPDLRM_WGMMA)
 
 HIPDLRM_DEVICE std::uint64_t desc(const void* smem, int lbo_bytes, int sbo_bytes) {
-  const auto a = static_cast<std::uint32_t>(__cvta_generic_to_shared(smem));
-  return static_cast<std::uint64_t>((a >> 4) & 0x3FFF) |
-         (static_cast<std::uint64_t>((lbo_bytes >> 4) & 0x3FFF) << 16) |
-         (static_cast<std::uint64_t>((sbo_bytes >> 4) & 0x3FFF) << 32) | (std::uint64_t{1} << 62);
+  return desc_encode(static_cast<std::uint32_t>(__cvta_generic_to_shared(smem)), lbo_bytes, sbo_bytes);
 }
 
 // The first 1024-byte aligned byte of the dynamic shared memory `raw` (the swizzled atoms need that alignment), as
@@ -52,13 +49,7 @@ HIPDLRM_DEVICE unsigned char* aligned_smem(void* raw) {
   return static_cast<unsigned char*>(raw) + ((1024u - (a & 1023u)) & 1023u);
 }
 
-// The descriptor of the operand `bytes` (a multiple of 16) past the one `d` describes, same strides: the start
-// address field holds address / 16 in 14 bits, and shared memory ends below 256 KiB, so adding to it never
-// carries out of the field (nor out of the low 32-bit word). One integer add instead of rebuilding the descriptor from a pointer.
-HIPDLRM_DEVICE std::uint64_t desc_add(std::uint64_t d, int bytes) {
-  const std::uint32_t lo = static_cast<std::uint32_t>(d) + static_cast<std::uint32_t>(bytes >> 4);  // 32-bit add
-  return (d & 0xFFFFFFFF00000000ull) | lo;
-}
+// desc_encode and desc_add (descriptor arithmetic, host and device) are in gpu/swizzle.h.
 
 HIPDLRM_DEVICE void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 HIPDLRM_DEVICE void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
