@@ -93,9 +93,6 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_DK_LATE)
 #define HIPDLRM_SM90_BWD_DK_LATE 1
 #endif
-#if !defined(HIPDLRM_SM90_BWD_HALF_SILU)
-#define HIPDLRM_SM90_BWD_HALF_SILU 0
-#endif
 #if !defined(HIPDLRM_SM90_BWD_EPI_SMEM)
 #define HIPDLRM_SM90_BWD_EPI_SMEM 1
 #endif
@@ -157,14 +154,6 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   constexpr int kBlockQ = Cfg::kTileQ / 2;  // bytes of one 64-column block of q / dO (64 lines)
   constexpr bool kSplitGroups = HIPDLRM_SM90_BWD_SPLIT != 0;
   constexpr bool kDkLate = HIPDLRM_SM90_BWD_DK_LATE != 0 && V::kHstu && kLean;
-  // HSTU's SiLU in the tanh form computed from x / 2 (Act::fg_half; -DHIPDLRM_SM90_BWD_HALF_SILU=1; the default 0:
-  // Act::fg). Fewer instructions per score, but in-loop spills: measured 240.4 against 242.9 TFLOP/s at N = 1024
-  // with the late dK, 241.0 against 235.6 without it (same run).
-#if defined(HIPDLRM_HAS_FAST_TANH)
-  constexpr bool kHalfSilu = HIPDLRM_SM90_BWD_HALF_SILU && V::kHstu && V::kAct == Activation::kSilu && kTanhActivation<T>;
-#else
-  constexpr bool kHalfSilu = false;
-#endif
 
   extern __shared__ uint4 smem_raw[];
   unsigned char* const smem = wg::aligned_smem(smem_raw);
@@ -276,7 +265,6 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     const int nq = rows.nq, nkv = rows.nkv, j0 = bb.j0;
     const typename V::Mask mask = bb.mask;
     const float alpha = bb.alpha;
-    const float half_alpha = 0.5f * alpha;  // kHalfSilu's argument scale
     // kLean: none of these (the launcher checked), as compile-time nulls.
     const T* const rab = kLean ? nullptr : bb.rab;
     float* const grad_rab = kLean ? nullptr : bb.grad_rab;
@@ -379,23 +367,15 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
           const bool inside =
               kKind == 0 || (i < nq && j < nkv && (kKind == 1 ? (kLean && !lean_causal) || j <= i : mask.valid(i, j)));
-          float gr, a;
-          if constexpr (kHalfSilu) {  // gr = 2 act'(x): the half goes into the scale below
-            float h = half_alpha * st[e];
-            if (kMasked && rab != nullptr && inside) {
-              h += 0.5f * gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
-            }
-            a = F::fg_half(h, gr);
-          } else {
-            float x = V::kHstu ? alpha * st[e] : st[e];
-            if (kMasked && rab != nullptr && inside) {
-              x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
-            }
-            a = F::fg(x, gr);
+          float x = V::kHstu ? alpha * st[e] : st[e];
+          if (kMasked && rab != nullptr && inside) {
+            x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
           }
+          float gr;
+          const float a = F::fg(x, gr);
           float s = 0.0f;
           if (inside) s = scale_per_token != nullptr ? scale_per_token[rows.q0 + i] : p.scale_value;
-          st[e] = inside ? gr * ((kHalfSilu ? 0.5f : 1.0f) * s) : 0.0f;  // dX = dP act'(x) s, once dP^T is in
+          st[e] = inside ? gr * s : 0.0f;  // dX = dP act'(x) s, once dP^T is in
           return inside ? a * s : 0.0f;
         };
         auto pack_p = [&](auto kind) {

@@ -220,17 +220,6 @@ struct Act<Activation::kSilu, kTanh> {
     g = silu_grad_fast(x, sig);
     return x * sig;
   }
-#if defined(HIPDLRM_HAS_FAST_TANH)
-  // The tanh form from h = x / 2 (the caller folds the half into its scale): returns a = SiLU(x) = h + h t with
-  // t = tanh(h), and sets g2 = 2 SiLU'(x) = (1 + a) + t (1 - a) (from SiLU' = s + a (1 - s), s = (1 + t) / 2):
-  // one multiply, one MUFU op, two adds and two fmas, against fg's three multiplies for the same pair.
-  HIPDLRM_DEVICE static float fg_half(float h, float& g2) {
-    const float t = gpu::fast_tanh(h);
-    const float a = fmaf(h, t, h);
-    g2 = fmaf(t, 1.0f - a, 1.0f + a);
-    return a;
-  }
-#endif
 };
 
 // GeLU, erf form: x Phi(x) with Phi(x) = (1 + erf(x / sqrt 2)) / 2; derivative Phi(x) + x phi(x). Phi from
