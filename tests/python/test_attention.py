@@ -564,6 +564,53 @@ def test_backward_errors():
             **_error_args(seq_offsets=torch.tensor([2, 2, 2, 6])))
 
 
+@requires_gpu
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_gpu_offsets_checked_again_when_changed(direction):
+    """The kernel path skips the host copy of offsets that already passed and are unchanged (the backward after
+    its forward); an offsets or num_targets tensor changed in place, or a new tensor in the memory of a freed
+    one, is checked again and raises."""
+    def cuda_args(**overrides):
+        args = _error_args(**overrides)
+        for name in ("q", "k", "v"):
+            args[name] = args[name].to("cuda", torch.bfloat16)
+        for name in ("seq_offsets", "num_targets"):
+            if args[name] is not None:
+                args[name] = args[name].to("cuda")
+        return args
+
+    def call(args):
+        if direction == "forward":
+            return FWD(**args)
+        return BWD(grad_out=torch.ones_like(args["v"]), rab_requires_grad=False, **args)[0]
+
+    args = cuda_args(num_targets=torch.tensor([1, 0, 2]))
+    first = call(args)
+    again = call(args)  # the same, unchanged tensors: not copied to the host again
+    torch.testing.assert_close(again, first, rtol=0, atol=1e-2)
+    args["seq_offsets"][2] = 1  # in place: no longer non-decreasing
+    with pytest.raises(RuntimeError, match=r"non-decreasing, but seq_offsets\[2\] = 1 < seq_offsets\[1\] = 2"):
+        call(args)
+    args["seq_offsets"][2] = 2
+    call(args)
+    args["num_targets"].view(-1)[0] = 3  # through a view: the same version counter
+    with pytest.raises(RuntimeError, match=r"num_targets\[0\] = 3 must be in \[0, 2\]"):
+        call(args)
+    args["num_targets"] = None
+    call(args)
+    # A new tensor, likely in the freed memory of the old one, with a wrong last offset.
+    del args["seq_offsets"]
+    torch.cuda.synchronize()
+    args["seq_offsets"] = torch.tensor([0, 2, 2, 5], device="cuda")
+    with pytest.raises(RuntimeError, match=r"seq_offsets\[3\] = 5 must equal L = q.size\(0\) = 6"):
+        call(args)
+    # The same tensor with other sizes is checked against them.
+    args["seq_offsets"] = torch.tensor([0, 2, 2, 6], device="cuda")
+    call(args)
+    with pytest.raises(RuntimeError, match=r"sequence 2 has length 4 .* but max_seq_len is 3"):
+        call({**args, "max_seq_len": 3})
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU: against the oracle and the CPU op
 # ----------------------------------------------------------------------------------------------

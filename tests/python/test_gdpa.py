@@ -503,6 +503,38 @@ def test_errors(name):
         FWD(**_error_args(**overrides))
 
 
+@requires_gpu
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+def test_gpu_offsets_checked_again_when_changed(direction):
+    """As in test_attention: offsets that passed are not copied again while unchanged; a change in place, or a
+    new tensor, is checked again."""
+    args = _error_args()
+    for name in ("query", "key", "value"):
+        args[name] = args[name].to("cuda", torch.bfloat16)
+    for name in ("query_offset", "key_offset"):
+        args[name] = args[name].to("cuda")
+
+    def call(a):
+        if direction == "forward":
+            return FWD(**a)
+        return BWD(torch.ones(6, 4, 32, device="cuda", dtype=torch.bfloat16), **a)[0]
+
+    first = call(args)
+    torch.testing.assert_close(call(args), first, rtol=0, atol=1e-2)
+    args["key_offset"][3] = 3  # in place: the last offset no longer equals Lkv
+    with pytest.raises(RuntimeError, match=r"key_offset\[3\] = 3 must equal Lkv = key.size\(0\) = 4"):
+        call(args)
+    args["key_offset"][3] = 4
+    call(args)
+    args["query_offset"] = torch.tensor([0, 3, 2, 6], device="cuda")
+    with pytest.raises(RuntimeError, match=r"query_offset must be non-decreasing"):
+        call(args)
+    args["query_offset"] = torch.tensor([0, 2, 2, 6], device="cuda")
+    call(args)
+    with pytest.raises(RuntimeError, match=r"but max_seq_len_kv is 2"):
+        call({**args, "max_seq_len_kv": 2})
+
+
 def test_backward_errors():
     args = _error_args()
     with pytest.raises(RuntimeError, match=r"grad_out must have the output's shape \[6, 4, 32\] \(\[Lq, Hq, D\]\)"):

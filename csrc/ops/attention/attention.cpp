@@ -79,8 +79,13 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
   }
 }
 
-// The values of seq_offsets (and num_targets), copied to the host in one go.
-void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, HstuLayout& layout) {
+// The values of seq_offsets (and num_targets), copied to the host in one go. Without host_values (the GPU
+// kernels read the offsets on the device), tensors that already passed these checks are not copied again
+// (CheckedOffsets) and layout.offsets / targets stay empty.
+void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, HstuLayout& layout, bool host_values) {
+  const CheckedOffsets::Tensors memo_tensors{&o.seq_offsets, o.num_targets ? &*o.num_targets : nullptr};
+  const CheckedOffsets::Context memo_context{1, tokens, 0, o.max_seq_len, 0};
+  if (!host_values && CheckedOffsets::instance().contains(memo_tensors, memo_context)) return;
   at::Tensor values = o.seq_offsets.to(at::kLong);
   if (o.num_targets) values = at::cat({values, o.num_targets->to(at::kLong)});
   values = values.to(at::kCPU).contiguous();
@@ -91,13 +96,15 @@ void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, Hst
 
   check_offsets(op, "seq_offsets", layout.offsets.data(), batch, tokens, "L = q.size(0)", o.max_seq_len,
                 "max_seq_len");
-  if (!o.num_targets) return;
-  for (std::int64_t b = 0; b < batch; ++b) {
-    const std::int64_t n = layout.offsets[b + 1] - layout.offsets[b];
-    const std::int64_t t = layout.targets[b];
-    TORCH_CHECK(t >= 0 && t <= n, op, ": num_targets[", b, "] = ", t, " must be in [0, ", n,
-                "], the length of sequence ", b);
+  if (o.num_targets) {
+    for (std::int64_t b = 0; b < batch; ++b) {
+      const std::int64_t n = layout.offsets[b + 1] - layout.offsets[b];
+      const std::int64_t t = layout.targets[b];
+      TORCH_CHECK(t >= 0 && t <= n, op, ": num_targets[", b, "] = ", t, " must be in [0, ", n,
+                  "], the length of sequence ", b);
+    }
   }
+  if (!host_values) CheckedOffsets::instance().remember(memo_tensors, memo_context);
 }
 
 // [n, n] bool: valid(i, j) for one sequence of length n with `targets` targets (-1: no num_targets).
@@ -229,7 +236,7 @@ HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tenso
 }
 
 HstuLayout check_forward(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const HstuOptions& o) {
+                         const HstuOptions& o, bool host_values) {
   check_qkv(op, q, k, v);
   check_index_tensor(op, "seq_offsets", "[B + 1]", o.seq_offsets, "q", q);
   TORCH_CHECK(o.seq_offsets.numel() >= 1, op, ": seq_offsets must have B + 1 >= 1 entries, got none");
@@ -240,13 +247,13 @@ HstuLayout check_forward(const char* op, const at::Tensor& q, const at::Tensor& 
   layout.dqk = q.size(2);
   layout.dv = v.size(2);
   check_options(op, q, o, layout.batch);
-  check_values(op, o, layout.tokens, layout);
+  check_values(op, o, layout.tokens, layout, host_values);
   return layout;
 }
 
 HstuLayout check_backward(const char* op, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, const HstuOptions& o, bool rab_requires_grad) {
-  HstuLayout layout = check_forward(op, q, k, v, o);
+                          const at::Tensor& v, const HstuOptions& o, bool rab_requires_grad, bool host_values) {
+  HstuLayout layout = check_forward(op, q, k, v, o, host_values);
   TORCH_CHECK(grad_out.dim() == 3 && grad_out.sizes() == v.sizes(), op, ": grad_out must be [L, H, Dv] = ",
               v.sizes(), " (v's shape), got shape ", grad_out.sizes());
   TORCH_CHECK(grad_out.scalar_type() == q.scalar_type(), op, ": grad_out has dtype ", grad_out.scalar_type(),

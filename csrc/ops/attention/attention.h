@@ -50,12 +50,15 @@ struct HstuLayout {
 // Validates q, k, v and every option (shapes, head dims, dtypes, devices, offsets and num_targets
 // values, rab shape) and throws a RuntimeError naming the argument otherwise. On a GPU the values of
 // seq_offsets and num_targets come to the host in one small copy.
+// host_values = false (the GPU kernels, which read the offsets on the device): layout.offsets / targets may stay
+// empty, and offsets tensors that already passed the checks unchanged are not copied again (CheckedOffsets).
 HstuLayout check_forward(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                         const HstuOptions& o);
+                         const HstuOptions& o, bool host_values = true);
 
 // check_forward plus grad_out ([L, H, Dv], q's dtype and device) and rab_requires_grad (needs rab).
 HstuLayout check_backward(const char* op, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                          const at::Tensor& v, const HstuOptions& o, bool rab_requires_grad);
+                          const at::Tensor& v, const HstuOptions& o, bool rab_requires_grad,
+                          bool host_values = true);
 
 // The output scale of P when attn_scale_per_token is not given: attn_scale, else 1 / max_seq_len.
 double scale_value(const HstuOptions& o);

@@ -3,8 +3,9 @@
 // fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/hstu.h). fp32 and fp64 inputs
 // take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation, and
 // the composite path is the reference the kernels are tested against. The checks read seq_offsets and
-// num_targets on the host (one small device-to-host copy per call) so that a bad batch raises a
-// RuntimeError instead of reaching a kernel.
+// num_targets on the host (one small device-to-host copy) so that a bad batch raises a RuntimeError
+// instead of reaching a kernel; on the kernel path a call with offsets that already passed, unchanged (the
+// backward after its forward), skips that copy and its stream synchronisation (CheckedOffsets, common.h).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -77,7 +78,7 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
   const char* op = "hstu_mha_fwd";
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
-  const HstuLayout layout = check_forward(op, q, k, v, o);
+  const HstuLayout layout = check_forward(op, q, k, v, o, !runs_on_kernels(q.scalar_type()));
   const c10::cuda::CUDAGuard guard(q.device());
   if (!runs_on_kernels(q.scalar_type())) return forward_composite(q, k, v, o, layout);
 
@@ -107,7 +108,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
   const char* op = "hstu_mha_bwd";
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
-  const HstuLayout layout = check_backward(op, grad_out, q, k, v, o, rab_requires_grad);
+  const HstuLayout layout =
+      check_backward(op, grad_out, q, k, v, o, rab_requires_grad, !runs_on_kernels(q.scalar_type()));
   const c10::cuda::CUDAGuard guard(q.device());
   if (!runs_on_kernels(q.scalar_type())) return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
 

@@ -4,9 +4,12 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/intrusive_ptr.h>
 
+#include <array>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 
 namespace hipdlrm {
 namespace ops {
@@ -57,6 +60,94 @@ inline void check_offsets(const char* op, const char* name, const std::int64_t* 
                 "]) but ", max_name, " is ", max_len, "; ", max_name, " must be at least the longest sequence");
   }
 }
+
+// Device-resident offsets tensors whose values passed the host checks, remembered by identity, so that a later
+// call with the same unchanged tensors and the same sizes (a backward after its forward, or one training step's
+// repeated calls) skips the device-to-host copy of the values -- a stream synchronisation that leaves the GPU
+// idle while the host prepares the launch. A tensor matches only while it is alive (a weak reference to its
+// TensorImpl: a new tensor in freed memory never matches), unchanged (its version counter, which every in-place
+// op and view write bumps), with the same data pointer and length; `context` holds the other numbers the checks
+// depended on (row counts, max lengths, batch). CPU tensors and inference tensors (no version counter) are never
+// remembered. Callers that need the values on the host (the composite paths) do not use it.
+class CheckedOffsets {
+ public:
+  static constexpr int kTensors = 2;  // e.g. seq_offsets and num_targets, or query_offset and key_offset
+  static constexpr int kContext = 5;
+  using Tensors = std::array<const at::Tensor*, kTensors>;  // null: no tensor in that slot
+  using Context = std::array<std::int64_t, kContext>;
+
+  static CheckedOffsets& instance() {
+    static CheckedOffsets memo;
+    return memo;
+  }
+  bool contains(const Tensors& ts, const Context& context) {
+    if (!rememberable(ts)) return false;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (const Entry& e : entries_) {
+      if (e.matches(ts, context)) return true;
+    }
+    return false;
+  }
+  void remember(const Tensors& ts, const Context& context) {
+    if (!rememberable(ts)) return;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    Entry& e = entries_[next_];
+    next_ = (next_ + 1) % kEntries;
+    e.context = context;
+    for (int i = 0; i < kTensors; ++i) e.refs[i] = Ref::of(ts[i]);
+  }
+
+ private:
+  static constexpr int kEntries = 16;
+  using WeakImpl = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+  struct Ref {
+    bool used = false;
+    WeakImpl impl{c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>()};
+    std::int64_t version = 0;
+    const void* data = nullptr;
+    std::int64_t numel = 0;
+    at::ScalarType dtype = at::kLong;
+
+    static Ref of(const at::Tensor* t) {
+      Ref r;
+      if (t == nullptr) return r;
+      r.used = true;
+      r.impl = WeakImpl(t->getIntrusivePtr());
+      r.version = t->_version();
+      r.data = t->data_ptr();
+      r.numel = t->numel();
+      r.dtype = t->scalar_type();
+      return r;
+    }
+    bool matches(const at::Tensor* t) const {
+      if (t == nullptr || !used) return t == nullptr && !used;
+      const auto alive = impl.lock();  // null once the tensor is gone
+      return alive.get() == t->unsafeGetTensorImpl() && version == t->_version() && data == t->data_ptr() &&
+             numel == t->numel() && dtype == t->scalar_type();
+    }
+  };
+  struct Entry {
+    std::array<Ref, kTensors> refs;
+    Context context{};
+    bool matches(const Tensors& ts, const Context& c) const {
+      if (context != c) return false;
+      for (int i = 0; i < kTensors; ++i) {
+        if (!refs[i].matches(ts[i])) return false;
+      }
+      return true;
+    }
+  };
+  static bool rememberable(const Tensors& ts) {
+    for (const at::Tensor* t : ts) {
+      if (t != nullptr && (!t->defined() || t->is_cpu() || t->is_inference())) return false;
+    }
+    return ts[0] != nullptr;
+  }
+
+  std::mutex mutex_;
+  std::array<Entry, kEntries> entries_;
+  int next_ = 0;
+};
 
 }  // namespace attention
 }  // namespace ops

@@ -78,8 +78,13 @@ void check_options(const char* op, const at::Tensor& query, const GdpaOptions& o
   }
 }
 
-// The values of both offsets tensors, copied to the host in one go.
-void check_values(const char* op, const GdpaOptions& o, GdpaLayout& layout) {
+// The values of both offsets tensors, copied to the host in one go (without host_values, skipped for tensors
+// that already passed: see check_values of attention.cpp).
+void check_values(const char* op, const GdpaOptions& o, GdpaLayout& layout, bool host_values) {
+  const CheckedOffsets::Tensors memo_tensors{&o.query_offset, &o.key_offset};
+  const CheckedOffsets::Context memo_context{o.broadcast_q ? 3 : 2, layout.q_tokens, layout.kv_tokens,
+                                             o.max_seq_len_q, o.max_seq_len_kv};
+  if (!host_values && CheckedOffsets::instance().contains(memo_tensors, memo_context)) return;
   const at::Tensor values =
       at::cat({o.query_offset.to(at::kLong), o.key_offset.to(at::kLong)}).to(at::kCPU).contiguous();
   const std::int64_t* v = values.data_ptr<std::int64_t>();
@@ -90,6 +95,7 @@ void check_values(const char* op, const GdpaOptions& o, GdpaLayout& layout) {
                 o.max_seq_len_q, "max_seq_len_q");
   check_offsets(op, "key_offset", layout.kv_offsets.data(), layout.batch, layout.kv_tokens, "Lkv = key.size(0)",
                 o.max_seq_len_kv, "max_seq_len_kv");
+  if (!host_values) CheckedOffsets::instance().remember(memo_tensors, memo_context);
 }
 
 // fast_gelu's z = sqrt(2/pi) (x + 0.044715 x^3).
@@ -249,7 +255,7 @@ GdpaOptions make_gdpa_options(const char* op, const at::Tensor& query_offset, co
 }
 
 GdpaLayout check_gdpa_forward(const char* op, const at::Tensor& query, const at::Tensor& key,
-                              const at::Tensor& value, const GdpaOptions& o) {
+                              const at::Tensor& value, const GdpaOptions& o, bool host_values) {
   check_qkv(op, query, key, value);
   check_options(op, query, o);
   GdpaLayout layout;
@@ -261,13 +267,14 @@ GdpaLayout check_gdpa_forward(const char* op, const at::Tensor& query, const at:
   layout.kv_tokens = key.size(0);
   layout.broadcast_q = o.broadcast_q;
   layout.out_tokens = o.broadcast_q ? layout.batch * layout.q_tokens : layout.q_tokens;
-  check_values(op, o, layout);
+  check_values(op, o, layout, host_values);
   return layout;
 }
 
 GdpaLayout check_gdpa_backward(const char* op, const at::Tensor& grad_out, const at::Tensor& query,
-                               const at::Tensor& key, const at::Tensor& value, const GdpaOptions& o) {
-  GdpaLayout layout = check_gdpa_forward(op, query, key, value, o);
+                               const at::Tensor& key, const at::Tensor& value, const GdpaOptions& o,
+                               bool host_values) {
+  GdpaLayout layout = check_gdpa_forward(op, query, key, value, o, host_values);
   TORCH_CHECK(grad_out.dim() == 3 && grad_out.size(0) == layout.out_tokens && grad_out.size(1) == layout.heads &&
                   grad_out.size(2) == layout.dim,
               op, ": grad_out must have the output's shape [", layout.out_tokens, ", ", layout.heads, ", ",

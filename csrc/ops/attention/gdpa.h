@@ -62,13 +62,15 @@ struct GdpaLayout {
 
 // Validates query, key, value and every option (shapes, head counts, head dim, dtypes, devices, the values
 // of both offsets tensors) and throws a RuntimeError naming the argument otherwise. On a GPU the offsets
-// come to the host in one small copy.
+// come to the host in one small copy. host_values = false (the GPU kernels): layout.q_offsets / kv_offsets may
+// stay empty, and offsets tensors that already passed the checks unchanged are not copied again (CheckedOffsets).
 GdpaLayout check_gdpa_forward(const char* op, const at::Tensor& query, const at::Tensor& key,
-                              const at::Tensor& value, const GdpaOptions& o);
+                              const at::Tensor& value, const GdpaOptions& o, bool host_values = true);
 
 // check_gdpa_forward plus grad_out ([out_tokens, Hq, D], query's dtype and device).
 GdpaLayout check_gdpa_backward(const char* op, const at::Tensor& grad_out, const at::Tensor& query,
-                               const at::Tensor& key, const at::Tensor& value, const GdpaOptions& o);
+                               const at::Tensor& key, const at::Tensor& value, const GdpaOptions& o,
+                               bool host_values = true);
 
 // The composite implementation on query's device, arguments already checked: per sample, in fp32 (fp64
 // for fp64 inputs), results in the input dtype.

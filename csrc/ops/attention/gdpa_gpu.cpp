@@ -95,7 +95,7 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
   const char* op = "gdpa_fwd";
   const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
                                           qk_scale, window_size, broadcast_q);
-  const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o);
+  const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o, !runs_on_kernels(query.scalar_type()));
   const c10::cuda::CUDAGuard guard(query.device());
   if (!runs_on_kernels(query.scalar_type())) return gdpa_forward_composite(query, key, value, o, layout);
 
@@ -124,7 +124,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   const char* op = "gdpa_bwd";
   const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
                                           qk_scale, window_size, broadcast_q);
-  const GdpaLayout layout = check_gdpa_backward(op, grad_out, query, key, value, o);
+  const GdpaLayout layout =
+      check_gdpa_backward(op, grad_out, query, key, value, o, !runs_on_kernels(query.scalar_type()));
   const c10::cuda::CUDAGuard guard(query.device());
   if (!runs_on_kernels(query.scalar_type())) return gdpa_backward_composite(grad_out, query, key, value, o, layout);
 
