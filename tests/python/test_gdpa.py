@@ -521,8 +521,8 @@ def test_gpu_offsets_checked_again_when_changed(direction):
 
     first = call(args)
     torch.testing.assert_close(call(args), first, rtol=0, atol=1e-2)
-    args["key_offset"][3] = 3  # in place: the last offset no longer equals Lkv
-    with pytest.raises(RuntimeError, match=r"key_offset\[3\] = 3 must equal Lkv = key.size\(0\) = 4"):
+    args["key_offset"][3] = 5  # in place: the last offset no longer equals Lkv
+    with pytest.raises(RuntimeError, match=r"key_offset\[3\] = 5 must equal Lkv = key.size\(0\) = 4"):
         call(args)
     args["key_offset"][3] = 4
     call(args)

@@ -271,14 +271,13 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
   }
 }
 
-// grad_q = grad_q_accum times `scale` (1, or what the wgmma backward left out of its dQ reductions: see
-// sm90_dq_scale), rounded to T, four elements per step (the count is a multiple of 16).
+// grad_q = grad_q_accum rounded to T, four elements per step (the count is a multiple of 16).
 constexpr int kConvertBlock = 256;
 constexpr int kConvertBlocksPerMultiprocessor = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kConvertBlock)
-    convert_grad_q_kernel(const float* accum, T* out, std::int64_t quads, bool vector, float scale) {
+    convert_grad_q_kernel(const float* accum, T* out, std::int64_t quads, bool vector) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kConvertBlock;
   for (std::int64_t q = static_cast<std::int64_t>(blockIdx.x) * kConvertBlock + threadIdx.x; q < quads; q += stride) {
     float v[4];
@@ -294,7 +293,7 @@ __global__ void __launch_bounds__(kConvertBlock)
     }
     T t[4];
 #pragma unroll
-    for (int u = 0; u < 4; ++u) t[u] = gpu::from_float<T>(v[u] * scale);
+    for (int u = 0; u < 4; ++u) t[u] = gpu::from_float<T>(v[u]);
     if (vector) {
       uint2 w;
       memcpy(&w, t, sizeof(w));
@@ -308,7 +307,7 @@ __global__ void __launch_bounds__(kConvertBlock)
 
 // grad_q_accum -> grad_q (after either backward kernel).
 template <typename T>
-gpu::status_t launch_convert_grad_q(const AttentionBackwardArgs& args, gpu::stream_t stream, float scale = 1.0f) {
+gpu::status_t launch_convert_grad_q(const AttentionBackwardArgs& args, gpu::stream_t stream) {
   const AttentionProblem& p = args.p;
   const std::int64_t quads = p.total_tokens * p.heads * p.dqk / 4;
   if (quads == 0) return gpu::kSuccess;
@@ -318,7 +317,7 @@ gpu::status_t launch_convert_grad_q(const AttentionBackwardArgs& args, gpu::stre
   const std::int64_t resident = static_cast<std::int64_t>(multiprocessors) * kConvertBlocksPerMultiprocessor;
   const std::int64_t grid = gpu::capped_grid(quads, kConvertBlock, kConvertBlock, resident);
   convert_grad_q_kernel<T><<<static_cast<unsigned>(grid), kConvertBlock, 0, stream>>>(
-      args.grad_q_accum, static_cast<T*>(args.grad_q), quads, vector, scale);
+      args.grad_q_accum, static_cast<T*>(args.grad_q), quads, vector);
   return gpu::last_launch_status();
 }
 
@@ -351,9 +350,7 @@ gpu::status_t dispatch_attention_backward(const AttentionBackwardArgs& args, gpu
     const gpu::status_t st = bf16 ? launch_attention_backward_sm90<gpu::bfloat16_t, V>(args, stream)
                                   : launch_attention_backward_sm90<gpu::half_t, V>(args, stream);
     if (st != gpu::kSuccess) return st;
-    const float scale = sm90_dq_scale(args.p, V::kHstu);
-    return bf16 ? launch_convert_grad_q<gpu::bfloat16_t>(args, stream, scale)
-                : launch_convert_grad_q<gpu::half_t>(args, stream, scale);
+    return bf16 ? launch_convert_grad_q<gpu::bfloat16_t>(args, stream) : launch_convert_grad_q<gpu::half_t>(args, stream);
   }
 #endif
   if (args.p.dtype == ElemType::kBFloat16) {

@@ -102,11 +102,6 @@ namespace attention {
 #if !defined(HIPDLRM_SM90_BWD_FOLD_SCALE)
 #define HIPDLRM_SM90_BWD_FOLD_SCALE 1
 #endif
-// With FOLD_SCALE, dQ's factor alpha s is also left out of the reductions and applied by the conversion pass
-// (sm90_dq_scale; -DHIPDLRM_SM90_BWD_FOLD_DQ=0: in the reductions).
-#if !defined(HIPDLRM_SM90_BWD_FOLD_DQ)
-#define HIPDLRM_SM90_BWD_FOLD_DQ 1
-#endif
 // The walk in descending query order (default; -DHIPDLRM_SM90_BWD_DESCEND=0: ascending from the first query block with
 // work): each key block starts at its sample's last query block and ends on its diagonal. Measured 1-2% faster
 // at N <= 2048 on the H200 with the same L2 hit rate and memory traffic as the ascending walk (Nsight Compute),
@@ -283,7 +278,6 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     // What dK and dQ are scaled by (alpha, times s when kFoldScale), and dV (1 or s).
     const float alpha_out = kFoldScale ? alpha * p.scale_value : alpha;
     const float dv_out = kFoldScale ? p.scale_value : 1.0f;
-    const float dq_out = kFoldScale && HIPDLRM_SM90_BWD_FOLD_DQ ? 1.0f : alpha_out;  // 1: see sm90_dq_scale
     // kLean: none of these (the launcher checked), as compile-time nulls.
     const T* const rab = kLean ? nullptr : bb.rab;
     float* const grad_rab = kLean ? nullptr : bb.grad_rab;
@@ -533,7 +527,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 #pragma unroll
             for (int jj = 0; jj < 8; ++jj) {
               const int chunk = 2 * (jj & 3) + (t4 >> 1);
-              const float2 v = row_in ? make_float2(dq_out * dq[4 * jj + 2 * half], dq_out * dq[4 * jj + 2 * half + 1])
+              const float2 v = row_in ? make_float2(alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1])
                                       : make_float2(0.0f, 0.0f);
               *reinterpret_cast<float2*>(buf + (jj >> 2) * (Cfg::kTileDq / 4) + r * 128 + ((chunk ^ (r & 7)) << 4) +
                                          (t4 & 1) * 8) = v;
@@ -561,8 +555,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
           for (int jj = 0; jj < 8; ++jj) {
             const float s0 = odd ? dq[4 * jj] : dq[4 * jj + 2], s1 = odd ? dq[4 * jj + 1] : dq[4 * jj + 3];
             const float r0 = gpu::shfl_xor(s0, 1), r1 = gpu::shfl_xor(s1, 1);
-            const float vals[4] = {dq_out * (odd ? r0 : dq[4 * jj]), dq_out * (odd ? r1 : dq[4 * jj + 1]),
-                                   dq_out * (odd ? dq[4 * jj + 2] : r0), dq_out * (odd ? dq[4 * jj + 3] : r1)};
+            const float vals[4] = {alpha_out * (odd ? r0 : dq[4 * jj]), alpha_out * (odd ? r1 : dq[4 * jj + 1]),
+                                   alpha_out * (odd ? dq[4 * jj + 2] : r0), alpha_out * (odd ? dq[4 * jj + 3] : r1)};
             if (i < nq) gpu::atomic_add_vec<4>(row + 8 * jj, vals);
           }
         } else
@@ -585,13 +579,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
               if (all_cols) {
 #pragma unroll
                 for (int jj = 0; jj < 8; ++jj) {
-                  const float vals[2] = {dq_out * dq[4 * jj + 2 * half], dq_out * dq[4 * jj + 2 * half + 1]};
+                  const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
                   gpu::atomic_add_vec<2>(row + 8 * jj, vals);
                 }
               } else {
 #pragma unroll
                 for (int jj = 0; jj < 8; ++jj) {
-                  const float vals[2] = {dq_out * dq[4 * jj + 2 * half], dq_out * dq[4 * jj + 2 * half + 1]};
+                  const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
                   if (c0 + 8 * jj < p.dqk) gpu::atomic_add_vec<2>(row + 8 * jj, vals);
                 }
               }
@@ -761,14 +755,6 @@ inline bool sm90_backward_is_lean(const AttentionProblem& p, bool hstu) {
   if (!hstu) return p.window < 0;
   return p.rab == nullptr && p.scale_per_token == nullptr && p.contextual_seq_len == 0 && p.num_targets == nullptr &&
          p.max_attn_len == 0;
-}
-
-// The factor the conversion pass applies to grad_q_accum after the wgmma backward: alpha s where the kernel
-// left it out of its dQ reductions (HIPDLRM_SM90_BWD_FOLD_DQ: lean bf16 HSTU, as kFoldScale), else 1.
-inline float sm90_dq_scale(const AttentionProblem& p, bool hstu) {
-  const bool folded = HIPDLRM_SM90_BWD_FOLD_SCALE && HIPDLRM_SM90_BWD_FOLD_DQ && hstu &&
-                      p.dtype == ElemType::kBFloat16 && sm90_backward_is_lean(p, hstu);
-  return folded ? p.alpha * p.scale_value : 1.0f;
 }
 
 template <typename T, class V>
