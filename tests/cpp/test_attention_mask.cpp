@@ -106,6 +106,44 @@ TEST(AttentionMask, PlainCausalMeansLowerTriangle) {
   EXPECT_FALSE(WindowMask::make(10, 10, 3).plain_causal());
 }
 
+// plain(): what the lean backward instantiations run. For a mask without prefix, targets, distance limit or
+// window it must answer exactly as the mask it replaces (valid, tile_any, tile_all, first_query); for any mask it
+// keeps the lengths and causality and drops the rest.
+TEST(AttentionMask, PlainIsTheSameMaskWithoutOptions) {
+  for (int n = 0; n < 24; ++n)
+    for (bool causal : {true, false}) {
+      const HstuMask m = HstuMask::make(n, 0, 0, false, 0, causal);
+      const HstuMask p = m.plain();
+      for (int i = 0; i < n; ++i)
+        for (int j = 0; j < n; ++j) EXPECT_EQ(p.valid(i, j), m.valid(i, j)) << "n " << n << " i " << i << " j " << j;
+      for_each_tile(m, n, n, [&](int i0, int i1, int j0, int j1, bool, bool) {
+        EXPECT_EQ(p.tile_any(i0, i1, j0, j1), m.tile_any(i0, i1, j0, j1)) << "n " << n << " tile " << i0 << " " << j0;
+        EXPECT_EQ(p.tile_all(i0, i1, j0, j1), m.tile_all(i0, i1, j0, j1)) << "n " << n << " tile " << i0 << " " << j0;
+      });
+      for (int j0 = 0; j0 < n; ++j0) EXPECT_EQ(p.first_query(j0), m.first_query(j0));
+      EXPECT_EQ(p.plain_causal(), causal);
+    }
+  const HstuMask full = HstuMask::make(30, 3, 4, true, 7, true).plain();
+  EXPECT_EQ(full.n, 30);
+  EXPECT_TRUE(full.causal);
+  EXPECT_EQ(full.c, 0);
+  EXPECT_FALSE(full.targets);
+  EXPECT_EQ(full.max_attn_len, 0);
+  EXPECT_EQ(full.max_id, 30);
+  for (int nq : {0, 5, 17})
+    for (int nkv : {0, 9}) {
+      const WindowMask w = WindowMask::make(nq, nkv, 3).plain();
+      EXPECT_EQ(w.nq, nq);
+      EXPECT_EQ(w.nkv, nkv);
+      EXPECT_LT(w.w, 0);
+      const WindowMask none = WindowMask::make(nq, nkv, -1);
+      for_each_tile(none, nq, nkv, [&](int i0, int i1, int j0, int j1, bool, bool) {
+        EXPECT_EQ(w.tile_any(i0, i1, j0, j1), none.tile_any(i0, i1, j0, j1));
+        EXPECT_EQ(w.tile_all(i0, i1, j0, j1), none.tile_all(i0, i1, j0, j1));
+      });
+    }
+}
+
 TEST(AttentionMask, WindowMatchesDefinitionAndTilesAreExact) {
   std::mt19937 rng(5);
   for (int trial = 0; trial < 60; ++trial) {
