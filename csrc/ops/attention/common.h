@@ -77,8 +77,10 @@ class CheckedOffsets {
   using Context = std::array<std::int64_t, kContext>;
 
   static CheckedOffsets& instance() {
-    static CheckedOffsets memo;
-    return memo;
+    // Never destroyed: its weak references must not be released during static destruction at exit, when the
+    // tensors they point to may already be gone with the interpreter.
+    static CheckedOffsets* const memo = new CheckedOffsets();
+    return *memo;
   }
   bool contains(const Tensors& ts, const Context& context) {
     if (!rememberable(ts)) return false;
