@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Kernel-development helper (device machine): the standalone bounds-check timing
 # (tests/gpu/bounds_check_bench.cu) for several builds of the index pass, each argument one variant
-# (extra nvcc flags such as -DHIPDLRM_BC_UNROLL=2 or -DHIPDLRM_BC_POOL=300, "" for the default build), random placement; the first variant also clustered; then
+# (extra nvcc flags such as -DHIPDLRM_BC_UNROLL=2 or -DHIPDLRM_BC_POOL=300, "" for the default build,
+# ANCHOR for another revision's kernel, below), random placement; the first variant also clustered
+# (CLUSTERED=all: every variant); ROUNDS=n repeats the variants n times, alternating; then
 # Nsight Compute on the default build (0% and 20% random: both kernels' last calls). Logs under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,13 +21,18 @@ for extra in "$@"; do
   i=$((i+1))
 done
 wait
-i=0
-for extra in "$@"; do
-  cat /tmp/bcb_$i.log | grep -i error
-  timeout 120 /tmp/bcb_$i random 30 "[$extra]" 2>&1 | tee -a "$OUT/bc_stream.log"
-  i=$((i+1))
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  i=0
+  for extra in "$@"; do
+    [ "$round" = 1 ] && grep -i error /tmp/bcb_$i.log
+    timeout 120 /tmp/bcb_$i random 30 "[$extra] round $round" 2>&1 | tee -a "$OUT/bc_stream.log"
+    # CLUSTERED=all: every variant also with clustered violations (default: the first only, round 1)
+    if [ "${CLUSTERED:-first}" = all ] || { [ $i = 0 ] && [ "$round" = 1 ]; }; then
+      timeout 120 /tmp/bcb_$i clustered 30 "[$extra] round $round clustered" 2>&1 | tee -a "$OUT/bc_stream.log"
+    fi
+    i=$((i+1))
+  done
 done
-timeout 120 /tmp/bcb_0 clustered 30 "[$1] clustered" 2>&1 | tee -a "$OUT/bc_stream.log"
 [ -n "${SKIP_NCU:-}" ] && exit 0
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
 [ -z "$NCU" ] && { echo "no ncu"; exit 0; }

@@ -609,6 +609,60 @@ def test_gpu_large(mode, dtype, vbe, scenario):
         assert w.item() == expected_w
 
 
+# Speculation (sm_90): the index pass starts while the offsets pass runs and checks each block's own
+# range against the offsets as given; it waits for the offsets pass before its first write (or at the end
+# of its range) and, if that pass repaired offsets, checks those steps again. Large enough inputs that
+# every block's own range holds whole steps of 1024 vectors (on an H200: int64 5, int32 2 steps).
+SPEC_T, SPEC_B, SPEC_L = 30, 28_000, 14  # 11.76M indices
+
+
+def _speculation_case(dtype, scenario) -> Case:
+    T, B, L = SPEC_T, SPEC_B, SPEC_L
+    N = T * B * L
+    g = torch.Generator().manual_seed(_seed("speculation", str(dtype), scenario))
+    rows = torch.full((T,), 100_000, dtype=torch.int64)
+    rows[10] = 5
+    table = torch.arange(N) // (B * L)
+    indices = (torch.rand(N, generator=g, dtype=torch.float64) * rows[table]).long()
+    indices[torch.rand(N, generator=g) < 0.05] = -1
+    if "middle" in scenario:
+        # bad indices in the middle of some blocks' own ranges: those threads wait there
+        lo, hi = N // 5, N // 5 + N // 100
+        bad = torch.rand(hi - lo, generator=g) < 0.2
+        indices[lo:hi] = torch.where(bad, rows[table[lo:hi]] + 3, indices[lo:hi])
+    offsets = torch.arange(T * B + 1, dtype=torch.int64) * L
+    if "boundary" in scenario:
+        # As given, table 10 (5 rows) starts 3 bags early, over two bags of table 9 (values up to 1e5);
+        # repaired, it starts 1 bag early. Plus one negative inner offset.
+        offsets[10 * B] = offsets[10 * B - 3]
+        offsets[T * B // 5 + 7] = -5
+    return Case(rows, indices.to(dtype), offsets.to(dtype))
+
+
+def _index_violations(case: Case, offsets: torch.Tensor) -> int:
+    """Out-of-range indices when table t starts at offsets[t * B] (fixed batch)."""
+    N = case.indices.numel()
+    starts = offsets[torch.arange(SPEC_T) * SPEC_B].long()
+    table = torch.searchsorted(starts, torch.arange(N), right=True) - 1
+    idx = case.indices.long()
+    limit = case.rows_per_table[table.clamp(min=0)]
+    return int(((table >= 0) & (idx != -1) & ((idx < 0) | (idx >= limit))).sum())
+
+
+@requires_gpu
+@mode_param
+@dtype_param
+@pytest.mark.parametrize("scenario", ["clean", "middle", "boundary", "boundary+middle"])
+def test_gpu_speculation(mode, dtype, scenario):
+    case = _speculation_case(dtype, scenario)
+    check_gpu_against_cpu(case, mode, with_reference=False)
+    if "boundary" in scenario:
+        # The case is one where checking against the offsets as given gives another answer.
+        cpu = case.to("cpu")
+        run(cpu, IGNORE)
+        assert _index_violations(case, case.offsets) != _index_violations(case, cpu.offsets)
+
+
 @pytest.mark.parametrize("device", devices)
 @mode_param
 @dtype_param

@@ -121,6 +121,15 @@ HIPDLRM_DEVICE std::int64_t first_bag_of(const Problem<index_t>& p, std::int64_t
   return p.b_offsets != nullptr ? static_cast<std::int64_t>(p.b_offsets[t]) : t * p.batch_size;
 }
 
+// offsets[k] as the index pass reads it: a volatile load, which no cache line loaded before
+// grid_dependency_wait() can answer (the pass may read offsets before the offsets pass has repaired
+// them; see "Speculation" in check_indices_kernel). Only table boundaries and the report's bag search
+// read offsets this way, a few dozen loads per thread.
+template <typename index_t>
+HIPDLRM_DEVICE std::int64_t offset_at(const Problem<index_t>& p, std::int64_t k) {
+  return static_cast<std::int64_t>(*static_cast<const volatile index_t*>(p.offsets + k));
+}
+
 HIPDLRM_DEVICE std::int64_t clamp64(std::int64_t x, std::int64_t lo, std::int64_t hi) {
   return x < lo ? lo : (x > hi ? hi : x);
 }
@@ -281,7 +290,7 @@ struct TableCursor {
 
   template <typename index_t>
   HIPDLRM_DEVICE void seek(std::int64_t pos, const Problem<index_t>& p) {
-    auto boundary = [&](std::int64_t t) { return static_cast<std::int64_t>(p.offsets[first_bag_of(p, t)]); };
+    auto boundary = [&](std::int64_t t) { return offset_at(p, first_bag_of(p, t)); };
     std::int64_t lo = 0, hi = p.num_tables + 1;  // first t with boundary(t) > pos; boundary(T) = N > pos
     while (lo < hi) {
       const std::int64_t mid = (lo + hi) / 2;
@@ -303,7 +312,7 @@ HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, 
   while (hi - lo > 1) {
     const std::int64_t step = (hi - lo + kBlock - 1) / kBlock;
     const std::int64_t probe = lo + static_cast<std::int64_t>(threadIdx.x) * step;
-    const bool le = probe < hi && static_cast<std::int64_t>(p.offsets[probe]) <= pos;
+    const bool le = probe < hi && offset_at(p, probe) <= pos;
     // Probes are increasing and offsets monotone, so the "<=" probes form a prefix of the threads.
     const std::int64_t count = gpu::block_reduce<kBlock>(std::int64_t{le}, SumOp(), smem);
     const std::int64_t new_lo = lo + (count - 1) * step;
@@ -343,16 +352,6 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     return bad;
   };
 
-  // Launched as a dependent of the offsets pass: the first step's loads are issued before waiting for
-  // it (they hide its tail and this kernel's launch); offsets, indices writes and the header only after.
-  bool waited = false;
-  auto wait_for_offsets_pass = [&]() -> bool {
-    if (!waited) {
-      gpu::grid_dependency_wait();
-      waited = true;
-    }
-    return kMode == kFatal && *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0;
-  };
 
   // Work split: each block first streams its own contiguous range of whole steps (kBlock x kUnroll
   // vectors), the same size for every block, covering (1000 - kPoolPerMille) per mille of the vectors;
@@ -379,8 +378,9 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       if (vi < vend) buf[u] = vecs[vi];
     }
   };
-  // A vector with a repaired index: count, remember the first, zero the bad elements, store it whole.
-  auto repair_vector = [&](Vec& vec, std::int64_t vi, unsigned bad) {
+  // A vector with a repaired index: count, remember the first (`table`: the table of the first bad
+  // element of the step), zero the bad elements, store it whole.
+  auto repair_vector = [&](Vec& vec, std::int64_t vi, unsigned bad, std::int64_t table) {
     if constexpr (kTrack) {
       count += __popc(bad);
       if constexpr (kAtomics) {  // the ablation: one global atomic per violating index, as ported kernels do
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
 #pragma unroll
         for (int e = 0; e < kVec; ++e)
           if (e == e0) first_value = static_cast<std::int64_t>(vec.v[e]);  // no dynamic register index
-        first_table = cur.table;
+        first_table = table;
       }
     }
 #pragma unroll
@@ -404,12 +404,17 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       reinterpret_cast<Vec*>(p.indices)[vi] = vec;
     }
   };
-  auto check_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
+  // Bad-element masks of this thread's vectors of the step at v0 (moves the table cursor); `table` gets
+  // the table of the step's first bad element.
+  auto step_masks = [&](const Vec (&buf)[kUnroll], std::int64_t v0, unsigned (&bad)[kUnroll], std::int64_t& table) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) bad[u] = 0;
     const std::int64_t first_vi = v0 + threadIdx.x;
     if (first_vi >= vend) return;
     std::int64_t last_vi = v0 + static_cast<std::int64_t>(kUnroll - 1) * kBlock + threadIdx.x;
     if (last_vi >= vend) last_vi = vend - 1;
     if (first_vi * kVec >= cur.end) cur.seek(first_vi * kVec, p);
+    table = cur.table;
     if (cur.table >= 0 && last_vi * kVec + (kVec - 1) < cur.end) {
       // Every element of this thread's step lies in one table: valid iff index + 1 in [0, rows], one
       // unsigned compare (-1, a pruned row, maps to 0).
@@ -418,32 +423,92 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       for (int u = 0; u < kUnroll; ++u) {
         const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
         if (vi > last_vi) continue;
-        unsigned bad = 0;
 #pragma unroll
         for (int e = 0; e < kVec; ++e)
-          bad |= static_cast<unsigned>(static_cast<std::uint64_t>(static_cast<std::int64_t>(buf[u].v[e])) + 1u > limit) << e;
-        if (bad != 0) repair_vector(buf[u], vi, bad);
+          bad[u] |= static_cast<unsigned>(static_cast<std::uint64_t>(static_cast<std::int64_t>(buf[u].v[e])) + 1u > limit) << e;
       }
       return;
     }
+    bool found = false;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const std::int64_t vi = v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x;
       if (vi >= vend) continue;
-      unsigned bad = 0;
 #pragma unroll
       for (int e = 0; e < kVec; ++e)
-        if (visit(vi * kVec + e, static_cast<std::int64_t>(buf[u].v[e]))) bad |= 1u << e;
-      if (bad != 0) repair_vector(buf[u], vi, bad);
+        if (visit(vi * kVec + e, static_cast<std::int64_t>(buf[u].v[e]))) {
+          bad[u] |= 1u << e;
+          if (!found) { found = true; table = cur.table; }
+        }
     }
   };
-  for (std::int64_t v0 = vbegin; v0 < vend; v0 += kStep) {
+  auto apply_step = [&](Vec (&buf)[kUnroll], std::int64_t v0, const unsigned (&bad)[kUnroll], std::int64_t table) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (bad[u] != 0) repair_vector(buf[u], v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x, bad[u], table);
+  };
+  auto check_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
+    unsigned bad[kUnroll];
+    std::int64_t table = -1;
+    step_masks(buf, v0, bad, table);
+    apply_step(buf, v0, bad, table);
+  };
+
+  // Speculation. This pass is launched as a dependent of the offsets pass and, on sm_90, starts while
+  // that pass still runs. Each thread checks the steps of its own range against the offsets as given,
+  // and waits for the offsets pass only before its first write (a vector holding a bad index; FATAL
+  // never writes) or at the end of its range. If that pass then turns out to have repaired offsets,
+  // which can move table boundaries, the thread checks the steps it checked before the wait again:
+  // nothing of theirs was written, and nothing counted (a thread stops speculating at its first bad
+  // vector, and FATAL never repairs offsets). With valid offsets and no bad index, the production case,
+  // no thread waits inside its range, so the offsets pass runs under the index loads instead of before
+  // them. Elsewhere (HIP) the launch is ordered: the thread waits after its first step's loads.
+  constexpr bool kSpeculate = gpu::kDependentLaunchOverlaps;
+  // 0: speculating; 1: the offsets pass has finished (and its verdict was read); 2: ... and it
+  // repaired offsets.
+  int offsets_state = 0;
+  // Waits for the offsets pass; true when this block must stop (FATAL with bad offsets).
+  auto confirm = [&]() -> bool {
+    gpu::grid_dependency_wait();
+    if (kMode == kFatal) {
+      offsets_state = 1;
+      return *reinterpret_cast<volatile std::int64_t*>(&ws.header->abort) != 0;
+    }
+    offsets_state = *reinterpret_cast<volatile std::int64_t*>(&ws.header->offset_repairs) != 0 ? 2 : 1;
+    return false;
+  };
+  // One loop for the own range and its replay: with repaired offsets, a speculating thread starts over
+  // from vbegin at its first write or at the end of its range, whichever comes first.
+  for (std::int64_t v0 = vbegin;; v0 += kStep) {
+    if (v0 >= vend) {
+      if (offsets_state != 0) break;
+      if (confirm()) return;
+      if (!(kSpeculate && offsets_state == 2 && vend > vbegin)) break;
+      cur = TableCursor{};
+      v0 = vbegin - kStep;
+      continue;
+    }
     Vec buf[kUnroll];
     load_step(buf, v0);
-    if (!waited && wait_for_offsets_pass()) return;
-    check_step(buf, v0);
+    if (!kSpeculate && offsets_state == 0 && confirm()) return;
+    unsigned bad[kUnroll];
+    std::int64_t table = -1;
+    step_masks(buf, v0, bad, table);
+    if (kSpeculate && kWrite && offsets_state == 0) {
+      unsigned any = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) any |= bad[u];
+      if (any != 0) {
+        if (confirm()) return;
+        if (offsets_state == 2) {
+          cur = TableCursor{};
+          v0 = vbegin - kStep;
+          continue;
+        }
+      }
+    }
+    apply_step(buf, v0, bad, table);
   }
-  if (!waited && wait_for_offsets_pass()) return;
 #if HIPDLRM_BC_POOL > 0
   {
     __shared__ unsigned s_chunk;
@@ -462,15 +527,12 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
 #endif
   // The last few indices (fewer than a vector) go to the last block, one per thread.
   if (blockIdx.x == gridDim.x - 1) {
-    if (!waited && wait_for_offsets_pass()) return;
     for (std::int64_t i = num_vecs * kVec + threadIdx.x; i < n; i += kBlock) {
       if (visit_count(i, static_cast<std::int64_t>(p.indices[i]))) {
         if constexpr (kWrite) p.indices[i] = 0;
       }
     }
   }
-  if (!waited && wait_for_offsets_pass()) return;
-
   if constexpr (kTrack) {
     __shared__ std::int64_t smem[kBlock / 32];
     __shared__ std::int64_t s_value, s_table;

@@ -269,6 +269,13 @@ HIPDLRM_DEVICE T shfl_down(T v, unsigned delta, int width = kWaveSize) {
 // write) and calls grid_dependency_wait() before touching anything that kernel produces. The previous
 // kernel calls allow_dependent_launch() once its blocks no longer need the SM slots exclusively. Both are
 // no-ops elsewhere (HIP, older NVIDIA), where the launch is an ordinary stream-ordered one.
+// True in device code that a dependent launch can start before the previous kernel ends (sm_90+): what
+// such a kernel reads before grid_dependency_wait() may predate that kernel's writes.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr bool kDependentLaunchOverlaps = true;
+#else
+constexpr bool kDependentLaunchOverlaps = false;
+#endif
 HIPDLRM_DEVICE void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cudaGridDependencySynchronize();
