@@ -51,6 +51,10 @@ constexpr int kBlock = 256;
 #define HIPDLRM_BC_POOL 500
 #endif
 #endif
+// 1: the index pass checks its own range while the offsets pass runs (sm_90; see "Speculation").
+#ifndef HIPDLRM_BC_SPECULATE
+#define HIPDLRM_BC_SPECULATE 1
+#endif
 constexpr int kUnroll = HIPDLRM_BC_UNROLL;     // vectors in flight per thread (4: 61 registers, 4 blocks per SM on the H200)
 #if HIPDLRM_BC_POOL > 0
 constexpr int kPoolPerMille = HIPDLRM_BC_POOL; // share of the index vectors handed out step by step from a counter
@@ -121,13 +125,15 @@ HIPDLRM_DEVICE std::int64_t first_bag_of(const Problem<index_t>& p, std::int64_t
   return p.b_offsets != nullptr ? static_cast<std::int64_t>(p.b_offsets[t]) : t * p.batch_size;
 }
 
-// offsets[k] as the index pass reads it: a volatile load, which no cache line loaded before
-// grid_dependency_wait() can answer (the pass may read offsets before the offsets pass has repaired
-// them; see "Speculation" in check_indices_kernel). Only table boundaries and the report's bag search
-// read offsets this way, a few dozen loads per thread.
+// offsets[k] as the index pass reads it. `fresh`: a volatile load, which no L1 line loaded earlier can
+// answer; needed while the pass speculates (the offsets pass may still repair offsets; see
+// "Speculation" in check_indices_kernel) and, once it has, for the rest of a pass that speculated.
+// Otherwise an ordinary load: the table boundaries are re-read at every table a thread enters and stay
+// in L1 (volatile loads there measured ~3 us slower on the H200 workload).
 template <typename index_t>
-HIPDLRM_DEVICE std::int64_t offset_at(const Problem<index_t>& p, std::int64_t k) {
-  return static_cast<std::int64_t>(*static_cast<const volatile index_t*>(p.offsets + k));
+HIPDLRM_DEVICE std::int64_t offset_at(const Problem<index_t>& p, std::int64_t k, bool fresh) {
+  return fresh ? static_cast<std::int64_t>(*static_cast<const volatile index_t*>(p.offsets + k))
+               : static_cast<std::int64_t>(p.offsets[k]);
 }
 
 HIPDLRM_DEVICE std::int64_t clamp64(std::int64_t x, std::int64_t lo, std::int64_t hi) {
@@ -289,8 +295,8 @@ struct TableCursor {
   std::int64_t rows = 0;
 
   template <typename index_t>
-  HIPDLRM_DEVICE void seek(std::int64_t pos, const Problem<index_t>& p) {
-    auto boundary = [&](std::int64_t t) { return offset_at(p, first_bag_of(p, t)); };
+  HIPDLRM_DEVICE void seek(std::int64_t pos, const Problem<index_t>& p, bool fresh) {
+    auto boundary = [&](std::int64_t t) { return offset_at(p, first_bag_of(p, t), fresh); };
     std::int64_t lo = 0, hi = p.num_tables + 1;  // first t with boundary(t) > pos; boundary(T) = N > pos
     while (lo < hi) {
       const std::int64_t mid = (lo + hi) / 2;
@@ -306,13 +312,14 @@ struct TableCursor {
 // after the offsets pass). A kBlock-ary search by the whole block: two or three dependent rounds of loads
 // for any realistic batch, where a binary search by one thread would take ~log2(B) of them.
 template <typename index_t>
-HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, std::int64_t pos, std::int64_t* smem) {
+HIPDLRM_DEVICE std::int64_t find_bag(const Problem<index_t>& p, std::int64_t t, std::int64_t pos, std::int64_t* smem,
+                                     bool fresh) {
   const std::int64_t begin = first_bag_of(p, t);
   std::int64_t lo = begin, hi = first_bag_of(p, t + 1);  // answer in [lo, hi)
   while (hi - lo > 1) {
     const std::int64_t step = (hi - lo + kBlock - 1) / kBlock;
     const std::int64_t probe = lo + static_cast<std::int64_t>(threadIdx.x) * step;
-    const bool le = probe < hi && offset_at(p, probe) <= pos;
+    const bool le = probe < hi && offset_at(p, probe, fresh) <= pos;
     // Probes are increasing and offsets monotone, so the "<=" probes form a prefix of the threads.
     const std::int64_t count = gpu::block_reduce<kBlock>(std::int64_t{le}, SumOp(), smem);
     const std::int64_t new_lo = lo + (count - 1) * step;
@@ -332,10 +339,15 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   std::int64_t* const count_target = kMode == kWarning ? p.warning : &ws.header->scratch_count;
   TableCursor cur;
   std::int64_t count = 0, first_pos = kNone, first_value = 0, first_table = 0;
+  // Speculation (below). 0: speculating; 1: the offsets pass has finished (and its verdict was read);
+  // 2: ... and it repaired offsets.
+  constexpr bool kSpeculate = gpu::kDependentLaunchOverlaps && HIPDLRM_BC_SPECULATE;
+  int offsets_state = 0;
+  auto fresh_offsets = [&]() { return kSpeculate && offsets_state != 1; };
 
   // True when the index at `pos` must be repaired (moves the table cursor as needed).
   auto visit = [&](std::int64_t pos, std::int64_t value) -> bool {
-    if (pos >= cur.end) cur.seek(pos, p);
+    if (pos >= cur.end) cur.seek(pos, p, fresh_offsets());
     // Out of [0, rows) is one unsigned compare; -1 (pruned) is the one negative value allowed.
     return cur.table >= 0 && static_cast<std::uint64_t>(value) >= static_cast<std::uint64_t>(cur.rows) && value != -1;
   };
@@ -413,7 +425,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     if (first_vi >= vend) return;
     std::int64_t last_vi = v0 + static_cast<std::int64_t>(kUnroll - 1) * kBlock + threadIdx.x;
     if (last_vi >= vend) last_vi = vend - 1;
-    if (first_vi * kVec >= cur.end) cur.seek(first_vi * kVec, p);
+    if (first_vi * kVec >= cur.end) cur.seek(first_vi * kVec, p, fresh_offsets());
     table = cur.table;
     if (cur.table >= 0 && last_vi * kVec + (kVec - 1) < cur.end) {
       // Every element of this thread's step lies in one table: valid iff index + 1 in [0, rows], one
@@ -463,10 +475,6 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   // vector, and FATAL never repairs offsets). With valid offsets and no bad index, the production case,
   // no thread waits inside its range, so the offsets pass runs under the index loads instead of before
   // them. Elsewhere (HIP) the launch is ordered: the thread waits after its first step's loads.
-  constexpr bool kSpeculate = gpu::kDependentLaunchOverlaps;
-  // 0: speculating; 1: the offsets pass has finished (and its verdict was read); 2: ... and it
-  // repaired offsets.
-  int offsets_state = 0;
   // Waits for the offsets pass; true when this block must stop (FATAL with bad offsets).
   auto confirm = [&]() -> bool {
     gpu::grid_dependency_wait();
@@ -564,7 +572,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     const std::int64_t first = gpu::block_reduce<kBlock>(fpos, MinOp(), smem);
     if (first != kNone && fpos == first) { s_value = fval; s_table = ftab; }
     __syncthreads();
-    const std::int64_t bag = first == kNone ? -1 : find_bag(p, s_table, first, smem);
+    const std::int64_t bag = first == kNone ? -1 : find_bag(p, s_table, first, smem, fresh_offsets());
     if (threadIdx.x == 0) {
       Report* r = p.report;
       r->index_violations = all;
