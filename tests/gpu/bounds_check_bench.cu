@@ -5,7 +5,7 @@
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a -Icsrc/include -Icsrc/kernels -Icsrc [-DHIPDLRM_BC_...] \
 //        tests/gpu/bounds_check_bench.cu csrc/kernels/bounds_check/bounds_check.cu -o bc_bench
-//   ./bc_bench [random|clustered] [iters] [label]
+//   [BC_INDEX=int32] ./bc_bench [random|clustered] [iters] [label]
 //
 // Prints, per violation rate, the median time of one call (us), the minimal bytes (indices and offsets
 // read, every 32-byte index sector holding a violation written), GB/s and % of the 1 GiB copy bandwidth;
@@ -155,14 +155,20 @@ int main(int argc, char** argv) {
               copy_us, copy_gbs, copy110_us, read_gs_us, ibytes / (read_gs_us * 1e-6) / 1e9, read_rg_us,
               ibytes / (read_rg_us * 1e-6) / 1e9);
 
-  // Workload.
-  std::vector<std::int64_t> offsets(T * B + 1);
-  for (std::int64_t k = 0; k <= T * B; ++k) offsets[k] = k * L;
+  // Workload, in the index type BC_INDEX names (int64 by default; int32: no floors).
+  auto workload = [&](auto tag) -> int {
+  using index_t = decltype(tag);
+  constexpr std::int64_t kPerSector = 32 / static_cast<std::int64_t>(sizeof(index_t));
+  const std::size_t wbytes = static_cast<std::size_t>(N) * sizeof(index_t);
+  std::printf("index type: int%d\n", static_cast<int>(8 * sizeof(index_t)));
+  std::vector<index_t> offsets(T * B + 1);
+  for (std::int64_t k = 0; k <= T * B; ++k) offsets[k] = static_cast<index_t>(k * L);
   std::vector<std::int64_t> rpt(T, rows);
-  std::int64_t *d_idx, *d_pristine, *d_off, *d_rpt, *d_warn;
-  CHECK_CUDA(cudaMalloc(&d_idx, ibytes));
-  CHECK_CUDA(cudaMalloc(&d_pristine, ibytes));
-  d_off = static_cast<std::int64_t*>(check::to_device(offsets.data(), offsets.size() * 8));
+  index_t *d_idx, *d_pristine, *d_off;
+  std::int64_t *d_rpt, *d_warn;
+  CHECK_CUDA(cudaMalloc(&d_idx, wbytes));
+  CHECK_CUDA(cudaMalloc(&d_pristine, wbytes));
+  d_off = static_cast<index_t*>(check::to_device(offsets.data(), offsets.size() * sizeof(index_t)));
   d_rpt = static_cast<std::int64_t*>(check::to_device(rpt.data(), rpt.size() * 8));
   CHECK_CUDA(cudaMalloc(&d_warn, 8));
   // BC_MAPPED_REPORT=1: the report in pinned, mapped host memory, as the op writes it (default: device memory).
@@ -180,7 +186,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&counters, bc::kCountersBytes));
   CHECK_CUDA(cudaMemset(counters, 0, bc::kCountersBytes));
 
-  bc::Problem<std::int64_t> p;
+  bc::Problem<index_t> p;
   p.rows_per_table = d_rpt;
   p.num_tables = T;
   p.indices = d_idx;
@@ -195,7 +201,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&ws, bc::workspace_bytes(p, sms)));
 
   std::mt19937_64 rng(1234);
-  std::vector<std::int64_t> h(N), expect(N), got(N);
+  std::vector<index_t> h(N), expect(N), got(N);
   std::printf("%-6s %-9s %10s %10s %8s %8s %s\n", "rate", "realised", "us", "MB", "GB/s", "%copy", "check");
   const double rates[] = {0.0, 0.05, 0.10, 0.20};
   for (double rate : rates) {
@@ -206,23 +212,23 @@ int main(int argc, char** argv) {
     for (std::int64_t i = 0; i < N; ++i) {
       const bool bad = placement == "clustered" ? (i / (B * L)) < bad_tables : u01(rng) < rate;
       if (bad) {
-        h[i] = (i & 1) ? rows + static_cast<std::int64_t>(i % 1000) : -2 - static_cast<std::int64_t>(i % 1000);
+        h[i] = static_cast<index_t>((i & 1) ? rows + i % 1000 : -2 - i % 1000);
         ++violations;
       } else {
-        h[i] = valid(rng);
+        h[i] = static_cast<index_t>(valid(rng));
       }
       expect[i] = bad ? 0 : h[i];
     }
     std::int64_t sectors = 0;
-    for (std::int64_t sct = 0; sct < N / 4; ++sct) {
+    for (std::int64_t sct = 0; sct < N / kPerSector; ++sct) {
       bool any = false;
-      for (int e = 0; e < 4; ++e) any |= expect[sct * 4 + e] != h[sct * 4 + e];
+      for (std::int64_t e = 0; e < kPerSector; ++e) any |= expect[sct * kPerSector + e] != h[sct * kPerSector + e];
       sectors += any;
     }
-    CHECK_CUDA(cudaMemcpy(d_pristine, h.data(), ibytes, cudaMemcpyHostToDevice));
+    CHECK_CUDA(cudaMemcpy(d_pristine, h.data(), wbytes, cudaMemcpyHostToDevice));
     const double us = time_it(
         [&] {
-          CHECK_CUDA(cudaMemcpyAsync(d_idx, d_pristine, ibytes, cudaMemcpyDeviceToDevice, s));
+          CHECK_CUDA(cudaMemcpyAsync(d_idx, d_pristine, wbytes, cudaMemcpyDeviceToDevice, s));
           flush();
         },
         [&] {
@@ -231,14 +237,15 @@ int main(int argc, char** argv) {
     CHECK_CUDA(cudaStreamSynchronize(s));
     std::int64_t warn = -1;
     CHECK_CUDA(cudaMemcpy(&warn, d_warn, 8, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(got.data(), d_idx, ibytes, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy(got.data(), d_idx, wbytes, cudaMemcpyDeviceToHost));
     const bool ok = warn == violations && got == expect;
-    const double bytes = static_cast<double>(ibytes) + offsets.size() * 8.0 + T * 8.0 + sectors * 32.0;
+    const double bytes = static_cast<double>(wbytes) + offsets.size() * static_cast<double>(sizeof(index_t)) + T * 8.0 + sectors * 32.0;
     const double gbs = bytes / (us * 1e-6) / 1e9;
     std::printf("%-6.2f %-9.4f %10.1f %10.1f %8.0f %8.1f %s\n", rate, static_cast<double>(violations) / N, us,
                 bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, ok ? "ok" : "FAIL");
     if (!ok) return 1;
-    // Floors on the same indices, each call from the pristine copy and a cold L2, as above.
+    // Floors on the same indices, each call from the pristine copy and a cold L2, as above (int64).
+    if constexpr (sizeof(index_t) == 8) {
     struct Floor { const char* name; void (*launch)(longlong2*, std::int64_t, unsigned long long, int, cudaStream_t); int blocks_per_sm; };
     const Floor floors[] = {
         {"ranges x4", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<4, true><<<g, 256, 0, st>>>(q, n, r); }, 4},
@@ -249,18 +256,23 @@ int main(int argc, char** argv) {
     for (const Floor& f : floors) {
       const double fus = time_it(
           [&] {
-            CHECK_CUDA(cudaMemcpyAsync(d_idx, d_pristine, ibytes, cudaMemcpyDeviceToDevice, s));
+            CHECK_CUDA(cudaMemcpyAsync(d_idx, d_pristine, wbytes, cudaMemcpyDeviceToDevice, s));
             flush();
           },
           [&] { f.launch(reinterpret_cast<longlong2*>(d_idx), N / 2, static_cast<unsigned long long>(rows), sms * f.blocks_per_sm, s); });
       CHECK_CUDA(cudaGetLastError());
-      CHECK_CUDA(cudaMemcpy(got.data(), d_idx, ibytes, cudaMemcpyDeviceToHost));
+      CHECK_CUDA(cudaMemcpy(got.data(), d_idx, wbytes, cudaMemcpyDeviceToHost));
       const bool fok = got == expect;
-      const double fbytes = static_cast<double>(ibytes) + sectors * 32.0;
+      const double fbytes = static_cast<double>(wbytes) + sectors * 32.0;
       std::printf("  floor %-15s %10.1f us %8.0f GB/s %8.1f%%copy  %.2fx the check  %s\n", f.name, fus,
                   fbytes / (fus * 1e-6) / 1e9, 100.0 * fbytes / (fus * 1e-6) / 1e9 / copy_gbs, us / fus, fok ? "ok" : "FAIL");
       if (!fok) return 1;
     }
+    }
   }
   return 0;
+  };
+  const char* index_type = std::getenv("BC_INDEX");
+  if (index_type != nullptr && std::string(index_type) == "int32") return workload(std::int32_t{});
+  return workload(std::int64_t{});
 }

@@ -459,12 +459,6 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     for (int u = 0; u < kUnroll; ++u)
       if (bad[u] != 0) repair_vector(buf[u], v0 + static_cast<std::int64_t>(u) * kBlock + threadIdx.x, bad[u], table);
   };
-  auto check_step = [&](Vec (&buf)[kUnroll], std::int64_t v0) {
-    unsigned bad[kUnroll];
-    std::int64_t table = -1;
-    step_masks(buf, v0, bad, table);
-    apply_step(buf, v0, bad, table);
-  };
 
   // Speculation. This pass is launched as a dependent of the offsets pass and, on sm_90, starts while
   // that pass still runs. Each thread checks the steps of its own range against the offsets as given,
@@ -529,7 +523,10 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       vend = v0 + kStep < num_vecs ? v0 + kStep : num_vecs;
       Vec buf[kUnroll];
       load_step(buf, v0);
-      check_step(buf, v0);
+      unsigned bad[kUnroll];
+      std::int64_t table = -1;
+      step_masks(buf, v0, bad, table);
+      apply_step(buf, v0, bad, table);
     }
   }
 #endif
