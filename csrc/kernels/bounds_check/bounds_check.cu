@@ -55,7 +55,7 @@ constexpr int kBlock = 256;
 #ifndef HIPDLRM_BC_SPECULATE
 #define HIPDLRM_BC_SPECULATE 1
 #endif
-constexpr int kUnroll = HIPDLRM_BC_UNROLL;     // vectors in flight per thread (4: 61 registers, 4 blocks per SM on the H200)
+constexpr int kUnroll = HIPDLRM_BC_UNROLL;     // vectors in flight per thread (4: 64 registers, 4 blocks per SM on the H200)
 #if HIPDLRM_BC_POOL > 0
 constexpr int kPoolPerMille = HIPDLRM_BC_POOL; // share of the index vectors handed out step by step from a counter
 #endif
@@ -364,7 +364,6 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     return bad;
   };
 
-
   // Work split: each block first streams its own contiguous range of whole steps (kBlock x kUnroll
   // vectors), the same size for every block, covering (1000 - kPoolPerMille) per mille of the vectors;
   // the rest is handed out one step at a time from a counter to whichever blocks finish first. A vector
@@ -469,7 +468,8 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   // vector, and FATAL never repairs offsets). With valid offsets and no bad index, the production case,
   // no thread waits inside its range, so the offsets pass runs under the index loads instead of before
   // them. Elsewhere (HIP) the launch is ordered: the thread waits after its first step's loads.
-  // Waits for the offsets pass; true when this block must stop (FATAL with bad offsets).
+  //
+  // confirm(): waits for the offsets pass; true when this block must stop (FATAL with bad offsets).
   auto confirm = [&]() -> bool {
     gpu::grid_dependency_wait();
     if (kMode == kFatal) {
