@@ -427,6 +427,17 @@ def test_fatal_index_message(device, dtype, vbe, bad_value):
 
 
 @pytest.mark.parametrize("device", devices)
+@dtype_param
+def test_fatal_message_names_the_table_of_the_index(device, dtype):
+    """The first bad index shares its 16-byte vector with the first index of the next table: the report
+    names the bad index's own table, bag and limit, not those of the table the vector ends in."""
+    case = Case(torch.tensor([5, 100]), torch.tensor([0, 1, 7, 50, 50, 50], dtype=dtype),
+                torch.tensor([0, 3, 6], dtype=dtype))
+    with pytest.raises(RuntimeError, match=r"index 7 at position 2 \(table 0, bag 0\) is not in \[0, 5\)"):
+        run(case.to(device), FATAL)
+
+
+@pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("what", ["inner_offset_negative", "last_offset_wrong"])
 def test_fatal_offsets_message(device, what):
     case = make_case(_seed("fatal_offsets", what), T=3, B=4, min_len=1, rate=0.0, dtype=torch.int64)
