@@ -157,120 +157,120 @@ int main(int argc, char** argv) {
 
   // Workload, in the index type BC_INDEX names (int64 by default; int32: no floors).
   auto workload = [&](auto tag) -> int {
-  using index_t = decltype(tag);
-  constexpr std::int64_t kPerSector = 32 / static_cast<std::int64_t>(sizeof(index_t));
-  const std::size_t wbytes = static_cast<std::size_t>(N) * sizeof(index_t);
-  std::printf("index type: int%d\n", static_cast<int>(8 * sizeof(index_t)));
-  std::vector<index_t> offsets(T * B + 1);
-  for (std::int64_t k = 0; k <= T * B; ++k) offsets[k] = static_cast<index_t>(k * L);
-  std::vector<std::int64_t> rpt(T, rows);
-  index_t *d_idx, *d_pristine, *d_off;
-  std::int64_t *d_rpt, *d_warn;
-  CHECK_CUDA(cudaMalloc(&d_idx, wbytes));
-  CHECK_CUDA(cudaMalloc(&d_pristine, wbytes));
-  d_off = static_cast<index_t*>(check::to_device(offsets.data(), offsets.size() * sizeof(index_t)));
-  d_rpt = static_cast<std::int64_t*>(check::to_device(rpt.data(), rpt.size() * 8));
-  CHECK_CUDA(cudaMalloc(&d_warn, 8));
-  // BC_MAPPED_REPORT=1: the report in pinned, mapped host memory, as the op writes it (default: device memory).
-  bc::Report* report;
-  const bool mapped = std::getenv("BC_MAPPED_REPORT") != nullptr && std::atoi(std::getenv("BC_MAPPED_REPORT")) != 0;
-  if (mapped) {
-    void* h_report = nullptr;
-    CHECK_CUDA(cudaHostAlloc(&h_report, sizeof(bc::Report), cudaHostAllocMapped | cudaHostAllocPortable));
-    CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&report), h_report, 0));
-  } else {
-    CHECK_CUDA(cudaMalloc(&report, sizeof(bc::Report)));
-  }
-  std::printf("report in %s memory\n", mapped ? "mapped host" : "device");
-  void* counters;
-  CHECK_CUDA(cudaMalloc(&counters, bc::kCountersBytes));
-  CHECK_CUDA(cudaMemset(counters, 0, bc::kCountersBytes));
+    using index_t = decltype(tag);
+    constexpr std::int64_t kPerSector = 32 / static_cast<std::int64_t>(sizeof(index_t));
+    const std::size_t wbytes = static_cast<std::size_t>(N) * sizeof(index_t);
+    std::printf("index type: int%d\n", static_cast<int>(8 * sizeof(index_t)));
+    std::vector<index_t> offsets(T * B + 1);
+    for (std::int64_t k = 0; k <= T * B; ++k) offsets[k] = static_cast<index_t>(k * L);
+    std::vector<std::int64_t> rpt(T, rows);
+    index_t *d_idx, *d_pristine, *d_off;
+    std::int64_t *d_rpt, *d_warn;
+    CHECK_CUDA(cudaMalloc(&d_idx, wbytes));
+    CHECK_CUDA(cudaMalloc(&d_pristine, wbytes));
+    d_off = static_cast<index_t*>(check::to_device(offsets.data(), offsets.size() * sizeof(index_t)));
+    d_rpt = static_cast<std::int64_t*>(check::to_device(rpt.data(), rpt.size() * 8));
+    CHECK_CUDA(cudaMalloc(&d_warn, 8));
+    // BC_MAPPED_REPORT=1: the report in pinned, mapped host memory, as the op writes it (default: device memory).
+    bc::Report* report;
+    const bool mapped = std::getenv("BC_MAPPED_REPORT") != nullptr && std::atoi(std::getenv("BC_MAPPED_REPORT")) != 0;
+    if (mapped) {
+      void* h_report = nullptr;
+      CHECK_CUDA(cudaHostAlloc(&h_report, sizeof(bc::Report), cudaHostAllocMapped | cudaHostAllocPortable));
+      CHECK_CUDA(cudaHostGetDevicePointer(reinterpret_cast<void**>(&report), h_report, 0));
+    } else {
+      CHECK_CUDA(cudaMalloc(&report, sizeof(bc::Report)));
+    }
+    std::printf("report in %s memory\n", mapped ? "mapped host" : "device");
+    void* counters;
+    CHECK_CUDA(cudaMalloc(&counters, bc::kCountersBytes));
+    CHECK_CUDA(cudaMemset(counters, 0, bc::kCountersBytes));
 
-  bc::Problem<index_t> p;
-  p.rows_per_table = d_rpt;
-  p.num_tables = T;
-  p.indices = d_idx;
-  p.num_indices = N;
-  p.offsets = d_off;
-  p.total_bags = T * B;
-  p.batch_size = B;
-  p.mode = bc::kWarning;
-  p.warning = d_warn;
-  p.report = report;
-  void* ws;
-  CHECK_CUDA(cudaMalloc(&ws, bc::workspace_bytes(p, sms)));
+    bc::Problem<index_t> p;
+    p.rows_per_table = d_rpt;
+    p.num_tables = T;
+    p.indices = d_idx;
+    p.num_indices = N;
+    p.offsets = d_off;
+    p.total_bags = T * B;
+    p.batch_size = B;
+    p.mode = bc::kWarning;
+    p.warning = d_warn;
+    p.report = report;
+    void* ws;
+    CHECK_CUDA(cudaMalloc(&ws, bc::workspace_bytes(p, sms)));
 
-  std::mt19937_64 rng(1234);
-  std::vector<index_t> h(N), expect(N), got(N);
-  std::printf("%-6s %-9s %10s %10s %8s %8s %s\n", "rate", "realised", "us", "MB", "GB/s", "%copy", "check");
-  const double rates[] = {0.0, 0.05, 0.10, 0.20};
-  for (double rate : rates) {
-    std::uniform_int_distribution<std::int64_t> valid(0, rows - 1);
-    std::uniform_real_distribution<double> u01(0.0, 1.0);
-    const std::int64_t bad_tables = placement == "clustered" ? static_cast<std::int64_t>(rate * T + 0.5) : 0;
-    std::int64_t violations = 0;
-    for (std::int64_t i = 0; i < N; ++i) {
-      const bool bad = placement == "clustered" ? (i / (B * L)) < bad_tables : u01(rng) < rate;
-      if (bad) {
-        h[i] = static_cast<index_t>((i & 1) ? rows + i % 1000 : -2 - i % 1000);
-        ++violations;
-      } else {
-        h[i] = static_cast<index_t>(valid(rng));
+    std::mt19937_64 rng(1234);
+    std::vector<index_t> h(N), expect(N), got(N);
+    std::printf("%-6s %-9s %10s %10s %8s %8s %s\n", "rate", "realised", "us", "MB", "GB/s", "%copy", "check");
+    const double rates[] = {0.0, 0.05, 0.10, 0.20};
+    for (double rate : rates) {
+      std::uniform_int_distribution<std::int64_t> valid(0, rows - 1);
+      std::uniform_real_distribution<double> u01(0.0, 1.0);
+      const std::int64_t bad_tables = placement == "clustered" ? static_cast<std::int64_t>(rate * T + 0.5) : 0;
+      std::int64_t violations = 0;
+      for (std::int64_t i = 0; i < N; ++i) {
+        const bool bad = placement == "clustered" ? (i / (B * L)) < bad_tables : u01(rng) < rate;
+        if (bad) {
+          h[i] = static_cast<index_t>((i & 1) ? rows + i % 1000 : -2 - i % 1000);
+          ++violations;
+        } else {
+          h[i] = static_cast<index_t>(valid(rng));
+        }
+        expect[i] = bad ? 0 : h[i];
       }
-      expect[i] = bad ? 0 : h[i];
-    }
-    std::int64_t sectors = 0;
-    for (std::int64_t sct = 0; sct < N / kPerSector; ++sct) {
-      bool any = false;
-      for (std::int64_t e = 0; e < kPerSector; ++e) any |= expect[sct * kPerSector + e] != h[sct * kPerSector + e];
-      sectors += any;
-    }
-    CHECK_CUDA(cudaMemcpy(d_pristine, h.data(), wbytes, cudaMemcpyHostToDevice));
-    const double us = time_it(
-        [&] {
-          CHECK_CUDA(cudaMemcpyAsync(d_idx, d_pristine, wbytes, cudaMemcpyDeviceToDevice, s));
-          flush();
-        },
-        [&] {
-          if (bc::launch(p, ws, counters, sms, s) != cudaSuccess) { std::fprintf(stderr, "launch failed\n"); std::exit(2); }
-        });
-    CHECK_CUDA(cudaStreamSynchronize(s));
-    std::int64_t warn = -1;
-    CHECK_CUDA(cudaMemcpy(&warn, d_warn, 8, cudaMemcpyDeviceToHost));
-    CHECK_CUDA(cudaMemcpy(got.data(), d_idx, wbytes, cudaMemcpyDeviceToHost));
-    const bool ok = warn == violations && got == expect;
-    const double bytes = static_cast<double>(wbytes) + offsets.size() * static_cast<double>(sizeof(index_t)) + T * 8.0 + sectors * 32.0;
-    const double gbs = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-6.2f %-9.4f %10.1f %10.1f %8.0f %8.1f %s\n", rate, static_cast<double>(violations) / N, us,
-                bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, ok ? "ok" : "FAIL");
-    if (!ok) return 1;
-    // Floors on the same indices, each call from the pristine copy and a cold L2, as above (int64).
-    if constexpr (sizeof(index_t) == 8) {
-    struct Floor { const char* name; void (*launch)(longlong2*, std::int64_t, unsigned long long, int, cudaStream_t); int blocks_per_sm; };
-    const Floor floors[] = {
-        {"ranges x4", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<4, true><<<g, 256, 0, st>>>(q, n, r); }, 4},
-        {"ranges x4 8/SM", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<4, true><<<g, 256, 0, st>>>(q, n, r); }, 8},
-        {"stride x4", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<4, false><<<g, 256, 0, st>>>(q, n, r); }, 8},
-        {"stride x2", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<2, false><<<g, 256, 0, st>>>(q, n, r); }, 8},
-    };
-    for (const Floor& f : floors) {
-      const double fus = time_it(
+      std::int64_t sectors = 0;
+      for (std::int64_t sct = 0; sct < N / kPerSector; ++sct) {
+        bool any = false;
+        for (std::int64_t e = 0; e < kPerSector; ++e) any |= expect[sct * kPerSector + e] != h[sct * kPerSector + e];
+        sectors += any;
+      }
+      CHECK_CUDA(cudaMemcpy(d_pristine, h.data(), wbytes, cudaMemcpyHostToDevice));
+      const double us = time_it(
           [&] {
             CHECK_CUDA(cudaMemcpyAsync(d_idx, d_pristine, wbytes, cudaMemcpyDeviceToDevice, s));
             flush();
           },
-          [&] { f.launch(reinterpret_cast<longlong2*>(d_idx), N / 2, static_cast<unsigned long long>(rows), sms * f.blocks_per_sm, s); });
-      CHECK_CUDA(cudaGetLastError());
+          [&] {
+            if (bc::launch(p, ws, counters, sms, s) != cudaSuccess) { std::fprintf(stderr, "launch failed\n"); std::exit(2); }
+          });
+      CHECK_CUDA(cudaStreamSynchronize(s));
+      std::int64_t warn = -1;
+      CHECK_CUDA(cudaMemcpy(&warn, d_warn, 8, cudaMemcpyDeviceToHost));
       CHECK_CUDA(cudaMemcpy(got.data(), d_idx, wbytes, cudaMemcpyDeviceToHost));
-      const bool fok = got == expect;
-      const double fbytes = static_cast<double>(wbytes) + sectors * 32.0;
-      std::printf("  floor %-15s %10.1f us %8.0f GB/s %8.1f%%copy  %.2fx the check  %s\n", f.name, fus,
-                  fbytes / (fus * 1e-6) / 1e9, 100.0 * fbytes / (fus * 1e-6) / 1e9 / copy_gbs, us / fus, fok ? "ok" : "FAIL");
-      if (!fok) return 1;
+      const bool ok = warn == violations && got == expect;
+      const double bytes = static_cast<double>(wbytes) + offsets.size() * static_cast<double>(sizeof(index_t)) + T * 8.0 + sectors * 32.0;
+      const double gbs = bytes / (us * 1e-6) / 1e9;
+      std::printf("%-6.2f %-9.4f %10.1f %10.1f %8.0f %8.1f %s\n", rate, static_cast<double>(violations) / N, us,
+                  bytes / 1e6, gbs, 100.0 * gbs / copy_gbs, ok ? "ok" : "FAIL");
+      if (!ok) return 1;
+      // Floors on the same indices, each call from the pristine copy and a cold L2, as above (int64).
+      if constexpr (sizeof(index_t) == 8) {
+        struct Floor { const char* name; void (*launch)(longlong2*, std::int64_t, unsigned long long, int, cudaStream_t); int blocks_per_sm; };
+        const Floor floors[] = {
+            {"ranges x4", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<4, true><<<g, 256, 0, st>>>(q, n, r); }, 4},
+            {"ranges x4 8/SM", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<4, true><<<g, 256, 0, st>>>(q, n, r); }, 8},
+            {"stride x4", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<4, false><<<g, 256, 0, st>>>(q, n, r); }, 8},
+            {"stride x2", [](longlong2* q, std::int64_t n, unsigned long long r, int g, cudaStream_t st) { floor_kernel<2, false><<<g, 256, 0, st>>>(q, n, r); }, 8},
+        };
+        for (const Floor& f : floors) {
+          const double fus = time_it(
+              [&] {
+                CHECK_CUDA(cudaMemcpyAsync(d_idx, d_pristine, wbytes, cudaMemcpyDeviceToDevice, s));
+                flush();
+              },
+              [&] { f.launch(reinterpret_cast<longlong2*>(d_idx), N / 2, static_cast<unsigned long long>(rows), sms * f.blocks_per_sm, s); });
+          CHECK_CUDA(cudaGetLastError());
+          CHECK_CUDA(cudaMemcpy(got.data(), d_idx, wbytes, cudaMemcpyDeviceToHost));
+          const bool fok = got == expect;
+          const double fbytes = static_cast<double>(wbytes) + sectors * 32.0;
+          std::printf("  floor %-15s %10.1f us %8.0f GB/s %8.1f%%copy  %.2fx the check  %s\n", f.name, fus,
+                      fbytes / (fus * 1e-6) / 1e9, 100.0 * fbytes / (fus * 1e-6) / 1e9 / copy_gbs, us / fus, fok ? "ok" : "FAIL");
+          if (!fok) return 1;
+        }
+      }
     }
-    }
-  }
-  return 0;
+    return 0;
   };
   const char* index_type = std::getenv("BC_INDEX");
   if (index_type != nullptr && std::string(index_type) == "int32") return workload(std::int32_t{});
