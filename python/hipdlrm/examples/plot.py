@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-# Run styles in order (hipdlrm, the baseline, the noise-floor run): colours that stay apart for common
-# colour-vision deficiencies, and line styles that tell the curves apart in greyscale too.
+# Run styles in order (hipdlrm, the baseline, the noise-floor run): blue and orange stay apart under the
+# common colour-vision deficiencies, and the line styles tell every curve apart in greyscale too.
 RUN_STYLES = (("#1f5fa8", "-"), ("#e07b00", "--"), ("#3b9e4a", ":"))
 DIFF_COLOR = "#6a3d9a"
 FLOOR_COLOR = "#7f7f7f"
