@@ -74,10 +74,6 @@ def _draw_difference(ax, diff: Difference, baseline_label: str) -> None:
     worst = max(steps, key=lambda i: diff.values[i] if math.isfinite(diff.values[i]) else -math.inf)
     at = (worst, max(diff.values[worst], DIFF_FLOOR))
     ax.plot(*at, "o", color=DIFF_COLOR, ms=5)
-    late = worst > 0.7 * len(diff.values)     # keep the label inside the axes, below the tolerance line
-    ax.annotate(f"largest {diff.values[worst]:.2g} (step {worst})", at, xytext=(-8 if late else 8, -8),
-                textcoords="offset points", ha="right" if late else "left", va="top", fontsize=8.5,
-                color=DIFF_COLOR, bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
     ax.set_yscale("log")
     top = 8 * max([diff.effective_tolerance or diff.tolerance, *(v for v in diff.values if math.isfinite(v)),
                    *(v for v in (diff.floor or ()) if math.isfinite(v))])
@@ -90,8 +86,9 @@ def _draw_difference(ax, diff: Difference, baseline_label: str) -> None:
         verdict = "agree within the noise floor"
     else:
         verdict = "agree"
-    ax.set_title(f"Loss curves {verdict}: distance of the moving averages against the tolerance", loc="left",
-                 fontsize=10)
+    # The largest distance is marked on the curve and named in the title, where no label covers a curve.
+    ax.set_title(f"Loss curves {verdict}: distance of the moving averages, at most {diff.values[worst]:.2g} "
+                 f"(step {worst}, marked), against the tolerance", loc="left", fontsize=10)
 
 
 def write_training_plot(path: Path, title: str, runs: Sequence[Run], rate_unit: str,
