@@ -8,11 +8,16 @@
   default gfx942;gfx90a;gfx950; rocPRIM provides the device-wide primitives.
 
 HIPDLRM_FORCE_CPU=1 builds the CPU-only library even against a GPU torch.
+
+The version is python/hipdlrm/_version.py's (pyproject.toml reads it). The built library links against
+this torch release's libraries and loads with no other, so the package requires the release it was built
+with: its public version, without a local label such as +cpu or +cu130, which a requirement could only
+name by tying the package to one index's builds.
 """
 import glob
 import os
 
-from setuptools import find_packages, setup
+from setuptools import setup
 from torch.utils import cpp_extension
 
 import torch
@@ -56,6 +61,11 @@ def cuda_arch_defines():
     return []
 
 
+def torch_requirement():
+    """``torch==<the release being built against>``."""
+    return f"torch=={torch.__version__.split('+')[0]}"
+
+
 def extension():
     backend = gpu_backend()
     include_dirs = [os.path.join(ROOT, "csrc", "include"), os.path.join(ROOT, "csrc")]
@@ -89,11 +99,7 @@ def extension():
 
 
 setup(
-    name="hipdlrm",
-    version="0.1.0",
-    packages=find_packages("python"),
-    package_dir={"": "python"},
+    install_requires=[torch_requirement()],
     ext_modules=[extension()],
     cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
-    zip_safe=False,
 )

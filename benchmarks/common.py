@@ -47,7 +47,8 @@ def device_kind(device: torch.device) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def _l2_flush_buffer(device: torch.device) -> torch.Tensor:
+def l2_flush_buffer(device: torch.device) -> torch.Tensor:
+    """A buffer larger than the GPU's L2 (one per device): reading it leaves only clean lines in the L2."""
     l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0)
     return torch.zeros(max(2 * l2, 256 * _MIB), dtype=torch.uint8, device=device)
 
@@ -75,7 +76,7 @@ def time_fn(
         raise ValueError("iters must be >= 1")
     device = torch.device(device)
     on_gpu = device.type == "cuda"
-    flush = _l2_flush_buffer(device) if on_gpu and flush_l2 else None
+    flush = l2_flush_buffer(device) if on_gpu and flush_l2 else None
 
     def prepare() -> None:
         if setup is not None:

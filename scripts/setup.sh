@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what hipdlrm needs on a fresh Debian machine and builds the extension in place.
-#   scripts/setup.sh          Python side: torch (CPU build unless one is installed), test tools, build
+#   scripts/setup.sh          Python side: torch (CPU build unless one is installed), test tools, the
+#                             example's matplotlib and tqdm, build
 #   scripts/setup.sh --ci     also the toolchains of the test suite: clang-19/lld-19 with HIP headers,
 #                             rocPRIM and device libraries (AMD compiles), GoogleTest, cmake, ninja
 # Safe to run again: installed pieces are skipped.
@@ -30,8 +31,8 @@ if ! $PY -c "import torch" >/dev/null 2>&1; then
 else
   say "torch $($PY -c 'import torch; print(torch.__version__)') already installed"
 fi
-say "pip install test and build tools"
-$PY -m pip install -q pytest numpy expecttest ninja cmake setuptools wheel
+say "pip install test and build tools, and the training example's matplotlib and tqdm"
+$PY -m pip install -q pytest numpy expecttest ninja cmake setuptools wheel matplotlib tqdm
 if [ "${1:-}" = "--ci" ] && [ "$($PY -c 'import torch; print(torch.__version__.split("+")[0])')" = "2.13.0" ]; then
   # fbgemm_gpu's CPU build for this torch: the tests use it as an oracle (they skip where it is absent).
   say "pip install fbgemm-gpu-cpu==1.8.0 (oracle for the TBE tests)"

@@ -13,7 +13,7 @@ from .group_index_select import group_index_select
 from .tbe import PoolingMode, TableBatchedEmbedding
 from .tbe_training import OptimType, WeightDecayMode
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 
 def build_info() -> dict:

@@ -6,15 +6,18 @@
 - hipdlrm model vs plain-PyTorch model: the same losses step by step and the same weights after a few
   steps on the CPU; the agreement check accepts them and rejects a model trained with a 2x learning rate;
 - a short run's loss falls; --save / --resume continues bit for bit; bad flags exit with a message naming
-  the flag; the summary and the PNG plot are written.
+  the flag; the summary and the plot (both curves, their difference and the tolerance) are written;
+  progress goes to stderr; without matplotlib / tqdm the example says how to get them.
 """
 from __future__ import annotations
 
 import copy
+import io
 import json
 import math
-import struct
-import zlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -264,16 +267,21 @@ def _summary(out) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def _check_png(path) -> None:
-    blob = path.read_bytes()
-    assert blob[:8] == b"\x89PNG\r\n\x1a\n"
-    length, kind = struct.unpack(">I4s", blob[8:16])
-    assert kind == b"IHDR" and length == 13
-    width, height = struct.unpack(">II", blob[16:24])
-    assert zlib.crc32(blob[12:29]) == struct.unpack(">I", blob[29:33])[0]
-    idat = blob.index(b"IDAT")
-    raw = zlib.decompress(blob[idat + 4:idat + 4 + struct.unpack(">I", blob[idat - 4:idat])[0]])
-    assert len(raw) == height * (1 + 3 * width)
+def _png_color_counts(path) -> dict:
+    """{(r, g, b): pixel count} of the PNG at ``path`` (Pillow comes with matplotlib)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        assert image.format == "PNG"
+        rgb = image.convert("RGB")
+        assert rgb.width >= 800 and rgb.height >= 500, rgb.size
+        return {color: n for n, color in rgb.getcolors(maxcolors=rgb.width * rgb.height)}
+
+
+def _pixels_near(counts: dict, hex_color: str, tol: int = 12) -> int:
+    """Pixels within ``tol`` per channel of the colour (line centres; anti-aliased edges are blends)."""
+    want = tuple(int(hex_color[i:i + 2], 16) for i in (1, 3, 5))
+    return sum(n for c, n in counts.items() if all(abs(a - b) <= tol for a, b in zip(c, want)))
 
 
 def test_short_dlrm_run_learns_and_writes_outputs(tmp_path, capsys):
@@ -283,9 +291,11 @@ def test_short_dlrm_run_learns_and_writes_outputs(tmp_path, capsys):
     assert len(run["loss"]) == 40 and run["steps_timed"] == 35
     assert run["loss_last10"] < run["loss_first10"] - 0.03, (run["loss_first10"], run["loss_last10"])
     assert run["examples_per_s"] > 0 and s["config"]["rows_scale"] == 0.0001
-    _check_png(tmp_path / "training.png")
+    counts = _png_color_counts(tmp_path / "training.png")
+    assert _pixels_near(counts, plot.RUN_STYLES[0][0]) > 500      # the hipdlrm curves
+    assert s["plot"] == str(tmp_path / "training.png")
     err = capsys.readouterr().err
-    assert "dlrm hipdlrm [" in err and "ex/s" in err and "40/40" in err
+    assert "dlrm hipdlrm: 100%" in err and "ex/s" in err and "40/40" in err
 
 
 @requires_hstu
@@ -303,6 +313,11 @@ def test_baseline_run_reports_agreement_and_ratio(tmp_path, capsys):
     assert cmp["tolerance"] == T.TOL_FP32
     out = capsys.readouterr().out
     assert "loss curves AGREE" in out and "throughput hipdlrm / torch" in out
+    # Both curves, their difference and the tolerance line are drawn, each in its own colour.
+    counts = _png_color_counts(tmp_path / "training.png")
+    for color in (plot.RUN_STYLES[0][0], plot.RUN_STYLES[1][0], plot.DIFF_COLOR, plot.TOLERANCE_COLOR):
+        assert _pixels_near(counts, color) > 200, color
+    assert len(counts) > 500                                      # text and anti-aliased curves, not a blank
 
 
 def test_amp_run_agrees_within_the_reduced_precision_tolerance(tmp_path):
@@ -434,24 +449,47 @@ def test_bad_resume_gets_clear_messages(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------------------------- output helpers
 
-def test_progress_bar_without_a_terminal_prints_about_ten_lines(capsys):
-    import io
+def test_progress_without_a_terminal_prints_about_ten_lines():
     stream = io.StringIO()
-    bar = progress.ProgressBar(100, "x", stream=stream)
+    bar = progress.Progress(100, "x", stream=stream)
     for i in range(1, 101):
         bar.update(i, loss=0.5, **{"ex/s": 12345.0})
     lines = stream.getvalue().splitlines()
-    assert 10 <= len(lines) <= 11 and lines[-1].startswith("x [" + "#" * 28 + "] 100/100")
-    assert "ex/s 12,345" in lines[-1] and "loss 0.5" in lines[-1] and "took" in lines[-1]
+    assert 10 <= len(lines) <= 11 and all("\r" not in line for line in lines)
+    assert lines[-1].startswith("x: 100%|" + "#" * 24 + "| 100/100")
+    assert "ex/s 12,345" in lines[-1] and "loss 0.5" in lines[-1]
 
 
-def test_png_plot(tmp_path):
-    panel = plot.Panel("loss", "step", "loss")
-    panel.add("a", [0, 1, 2, 3], [0.7, 0.6, float("nan"), 0.5])
-    panel.add("b", [0], [0.65])
-    path = plot.write_png(tmp_path / "p.png", [panel, plot.Panel("empty", "step", "y")], width=300, panel_height=200)
-    _check_png(path)
-    assert plot.nice_ticks(0.0, 1.0) == [0.0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    assert plot.format_number(12345.0) == "12.3k" and plot.format_number(2.5e6) == "2.5m"
-    with pytest.raises(ValueError, match="2 x values but 1 y values"):
-        panel.add("c", [0, 1], [1.0])
+def test_progress_modes():
+    stream = io.StringIO()
+    bar = progress.Progress(20, "y", start=10, mode="bar", stream=stream)   # asked for: a bar even in a file
+    for i in (15, 20):
+        bar.update(i, loss=0.25)
+    assert "\r" in stream.getvalue() and "20/20" in stream.getvalue()
+    quiet = io.StringIO()
+    off = progress.Progress(20, "z", mode="off", stream=quiet)
+    off.update(20, loss=0.25)
+    assert quiet.getvalue() == ""
+    with pytest.raises(ValueError, match="mode must be one of auto, bar, log, off, got 'fancy'"):
+        progress.Progress(20, "z", mode="fancy")
+
+
+def test_no_plot_and_no_progress_need_neither_package(tmp_path, monkeypatch, capsys):
+    """Without matplotlib and tqdm (None in sys.modules makes their import fail), hipdlrm and the example
+    import, a run names the missing package and the flag that does without it, and --no-plot
+    --progress off runs."""
+    block = "import sys; sys.modules['matplotlib'] = sys.modules['tqdm'] = None; "
+    subprocess.run([sys.executable, "-c", block + "import hipdlrm, hipdlrm.examples.train"], check=True,
+                   env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    for name in [m for m in sys.modules if m.split(".")[0] in ("matplotlib", "tqdm")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "tqdm", None)
+    err = _error_of(DLRM_FLAGS + ["--steps", "8", "--out", str(tmp_path)], capsys)
+    assert "draws training.png with matplotlib, which is not installed" in err and "--no-plot" in err
+    err = _error_of(DLRM_FLAGS + ["--steps", "8", "--out", str(tmp_path), "--no-plot"], capsys)
+    assert "progress with tqdm, which is not installed" in err and "--progress off" in err
+    assert T.main(DLRM_FLAGS + ["--steps", "8", "--out", str(tmp_path), "--no-plot", "--progress", "off"]) == 0
+    assert _summary(tmp_path)["plot"] is None and not (tmp_path / "training.png").exists()
+    err = capsys.readouterr().err
+    assert "hipdlrm.examples.train: --model dlrm" in err and "step/s" not in err and "8/8" not in err

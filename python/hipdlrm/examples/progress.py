@@ -1,7 +1,9 @@
-"""A dependency-free progress bar for training loops.
+"""Training progress on stderr, through tqdm (the ``examples`` extra, imported on first use).
 
-On a terminal it redraws one line in place (``\\r``); when stderr is a file or a pipe (CI logs, remote
-runs) it prints a plain line about every tenth of the run instead, so logs stay readable.
+Two forms, as training scripts show them: on a terminal a tqdm bar redrawn in place; in a log (stderr a
+file or a pipe: CI, remote runs) the same line printed about every tenth of the run, since a bar redrawn
+with carriage returns makes a log unreadable. ``mode`` picks one: "auto" (by whether stderr is a
+terminal), "bar", "log" or "off".
 """
 from __future__ import annotations
 
@@ -9,55 +11,74 @@ import sys
 import time
 from typing import Optional, TextIO
 
-
-def format_duration(seconds: float) -> str:
-    seconds = max(0, int(round(seconds)))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+MODES = ("auto", "bar", "log", "off")
 
 
-class ProgressBar:
-    """``label [#######.......]  70/100  loss 0.4821  12,345 ex/s  eta 0:07``.
+def require_tqdm():
+    """The tqdm class, or an ImportError saying how to get it."""
+    try:
+        from tqdm import tqdm
+    except ImportError as e:
+        raise ImportError(
+            "the training example shows its progress with tqdm, which is not installed: "
+            "pip install 'tqdm' (or the example's extra, pip install 'hipdlrm[examples]'; bash scripts/setup.sh "
+            "installs it), or run with --progress off") from e
+    return tqdm
 
-    ``update(done, **fields)`` reports that ``done`` of ``total`` steps are finished; ``fields`` are
-    shown after the counter (floats with 4 significant digits, ints with thousands separators).
-    """
 
-    def __init__(self, total: int, label: str, start: int = 0, width: int = 28,
+def format_fields(fields: dict) -> str:
+    """``loss 0.4821  ex/s 12,345``: floats with 4 significant digits (thousands separated from 1000 on),
+    ints with thousands separators."""
+    parts = []
+    for key, value in fields.items():
+        if isinstance(value, float):
+            parts.append(f"{key} {value:,.0f}" if abs(value) >= 1000 else f"{key} {value:.4g}")
+        elif isinstance(value, int):
+            parts.append(f"{key} {value:,}")
+        else:
+            parts.append(f"{key} {value}")
+    return "  ".join(parts)
+
+
+class Progress:
+    """``update(done, **fields)`` reports that ``done`` of ``total`` steps are finished (``start`` were
+    finished before this run, e.g. in a resumed checkpoint); ``fields`` are shown after the counter."""
+
+    def __init__(self, total: int, label: str, start: int = 0, mode: str = "auto",
                  stream: Optional[TextIO] = None) -> None:
-        self.total, self.label, self.width = max(1, total), label, width
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.total, self.label, self.start = max(1, total), label, start
         self.stream = stream if stream is not None else sys.stderr
-        self.interactive = bool(getattr(self.stream, "isatty", lambda: False)())
-        self.start_done = start
+        if mode == "auto":
+            mode = "bar" if getattr(self.stream, "isatty", lambda: False)() else "log"
+        self.mode = mode
+        self.bar = None
         self.started = time.perf_counter()
         self.next_line_at = start
-        self.last_len = 0
-
-    def _render(self, done: int, fields: dict) -> str:
-        filled = int(self.width * done / self.total)
-        bar = "#" * filled + "." * (self.width - filled)
-        parts = [f"{self.label} [{bar}] {done:>{len(str(self.total))}}/{self.total}"]
-        for key, value in fields.items():
-            if isinstance(value, float):
-                parts.append(f"{key} {value:,.0f}" if abs(value) >= 1000 else f"{key} {value:.4g}")
-            else:
-                parts.append(f"{key} {value:,}" if isinstance(value, int) else f"{key} {value}")
-        elapsed = time.perf_counter() - self.started
-        if done > self.start_done and done < self.total:
-            parts.append("eta " + format_duration(elapsed / (done - self.start_done) * (self.total - done)))
-        elif done >= self.total:
-            parts.append("took " + format_duration(elapsed))
-        return "  ".join(parts)
+        if mode == "off":
+            return
+        self.tqdm = require_tqdm()
+        if mode == "bar":
+            self.bar = self.tqdm(total=self.total, initial=start, desc=label, unit="step", file=self.stream,
+                                 dynamic_ncols=True, leave=True)
 
     def update(self, done: int, **fields) -> None:
-        line = self._render(done, fields)
-        if self.interactive:
-            self.stream.write("\r" + line + " " * max(0, self.last_len - len(line)))
-            self.last_len = len(line)
+        postfix = format_fields(fields)
+        if self.bar is not None:
+            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.update(done - self.bar.n)
             if done >= self.total:
-                self.stream.write("\n")
-        elif done >= self.next_line_at or done >= self.total:
+                self.close()
+        elif self.mode == "log" and (done >= self.next_line_at or done >= self.total):
+            line = self.tqdm.format_meter(done, self.total, time.perf_counter() - self.started,
+                                          prefix=self.label, ascii=".#", unit="step", postfix=postfix,
+                                          initial=self.start, bar_format="{l_bar}{bar:24}{r_bar}")
             self.stream.write(line + "\n")
+            self.stream.flush()
             self.next_line_at = done + max(1, self.total // 10)
-        self.stream.flush()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

@@ -5,9 +5,11 @@ PyTorch (docs/training.md).
     python -m hipdlrm.examples.train --baseline torch         # + the plain-PyTorch model: loss agreement, speed ratio
     python -m hipdlrm.examples.train --model hstu --size production --steps 100 --baseline torch   # a GPU run
 
-Prints a progress bar with the loss and examples/s, then writes ``summary.json`` and ``training.png``
-(loss and throughput per step) to ``--out``. ``--save`` / ``--resume`` checkpoint the weights and the
-optimizer state of every model trained; a resumed run continues the same loss curve.
+Shows progress with the loss and examples/s (tqdm), then writes ``summary.json`` and ``training.png``
+(loss, the curves' distance against the agreement tolerance, and throughput per step; matplotlib) to
+``--out``; tqdm and matplotlib are the ``examples`` extra (``pip install matplotlib tqdm``). ``--save`` /
+``--resume`` checkpoint the weights and the optimizer state of every model trained; a resumed run
+continues the same loss curve.
 """
 from __future__ import annotations
 
@@ -32,9 +34,9 @@ import torch.nn.functional as F
 import hipdlrm
 
 from . import data as data_mod
+from . import plot as plot_mod
+from . import progress as progress_mod
 from .models import DLRM, HSTU, DlrmConfig, HstuConfig
-from .plot import Panel, write_png
-from .progress import ProgressBar
 
 CHECKPOINT_FORMAT = "hipdlrm.examples.train/1"
 
@@ -158,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU intra-op threads [default: 1 on --device cpu (the small models gain little from more, "
                         "and lose much when other work shares the cores); torch's default otherwise]")
     p.add_argument("--log-every", type=_positive_int, default=10, help="progress update interval, in steps")
+    p.add_argument("--progress", choices=progress_mod.MODES, default="auto",
+                   help="progress on stderr: a tqdm bar (on a terminal, with auto), a line about every tenth of "
+                        "the run (in a log, with auto), or none")
+    p.add_argument("--no-plot", action="store_true", help="do not draw training.png (needs no matplotlib)")
     p.add_argument("--loss-tolerance", type=_positive_float, default=None,
                    help=f"largest difference of the {AGREEMENT_WINDOW}-step moving averages of the two loss curves "
                         f"for them to agree (default: {TOL_FP32} in fp32, {TOL_REDUCED} with bf16/fp16 attention, "
@@ -396,7 +402,7 @@ def train_backend(args: argparse.Namespace, backend: str, device: torch.device, 
         torch.cuda.reset_peak_memory_stats(device)
 
     timer = _StepTimer(device)
-    bar = ProgressBar(args.steps, f"{args.model} {backend:<7}", start=start_step)
+    bar = progress_mod.Progress(args.steps, f"{args.model} {backend}", start=start_step, mode=args.progress)
     pending_sizes: List[tuple] = []
     wall_start = time.perf_counter()
     for step in range(start_step, args.steps):
@@ -549,20 +555,45 @@ def environment(device: torch.device) -> Dict[str, Any]:
     }
 
 
-def write_plot(path: Path, args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> Path:
-    """Loss and throughput per step, each a trailing moving average over AGREEMENT_WINDOW steps."""
+RUN_LABELS = {"hipdlrm": "hipdlrm", "torch": "plain PyTorch", REORDERED: "plain PyTorch, bags reversed"}
+
+
+def write_plot(path: Path, args: argparse.Namespace, runs: Dict[str, Dict[str, Any]],
+               summary: Dict[str, Any]) -> Path:
+    """training.png: loss, the distance of the moving averages against the tolerance (with a baseline), and
+    throughput, each over AGREEMENT_WINDOW-step moving averages, on one step axis."""
     w = AGREEMENT_WINDOW
-    loss = Panel(f"{args.model}: training loss (bce), {w}-step average", "step", "loss")
-    speed = Panel(f"training throughput, {w}-step average", "step", "examples/s")
+    curves = []
     for name, run in runs.items():
-        steps = list(range(len(run["loss"])))
-        loss.add(name, steps, moving_average(run["loss"], w))
         first = run["start_step"] + args.warmup_steps
         examples, seconds = run["examples"][first:], [ms / 1e3 for ms in run["step_ms"][first:]]
         rate = [e / s if s > 0 else float("nan")
                 for e, s in zip(moving_average(examples, w), moving_average(seconds, w))]
-        speed.add(name, steps[first:], rate)
-    return write_png(path, [loss, speed])
+        curves.append(plot_mod.Run(RUN_LABELS.get(name, name), run["loss"], moving_average(run["loss"], w),
+                                   list(range(first, first + len(rate))), rate))
+    difference = None
+    cmp = summary.get("comparison")
+    if cmp is not None:
+        def distance(a: str, b: str) -> List[float]:
+            return [abs(x - y) for x, y in zip(moving_average(runs[a]["loss"], cmp["window"]),
+                                               moving_average(runs[b]["loss"], cmp["window"]))]
+
+        difference = plot_mod.Difference(
+            distance("hipdlrm", args.baseline), cmp["tolerance"], cmp.get("agree_within_noise_floor", cmp["agree"]),
+            cmp["window"], distance(args.baseline, REORDERED) if REORDERED in runs else None,
+            cmp.get("effective_tolerance"))
+    env = summary["environment"]
+    size = f"batch {args.batch_size:,}, {args.steps} steps" + (", --amp" if args.amp else "")
+    where = env["device_name"] if env["device"].startswith("cuda") else "the CPU"
+    title = f"{args.model.upper()} ({args.size}, {size}) on {where}"
+    if cmp is not None and cmp["throughput_ratio"] is not None:
+        title += f": hipdlrm {cmp['throughput_ratio']:.2f}x plain PyTorch"
+    revision = (env["git_revision"] or "")[:10]
+    footer = f"hipdlrm {hipdlrm.__version__}, torch {env['torch_version']}"
+    if revision:
+        footer += f", git {revision}"
+    unit = "examples/s" if args.model == "dlrm" else "users/s"
+    return plot_mod.write_training_plot(path, title, curves, unit, difference, footer)
 
 
 def _fmt_rate(v: Optional[float]) -> str:
@@ -613,6 +644,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(f"--warmup-steps {args.warmup_steps} leaves no timed step in a run of {args.steps - start_step} "
                      "steps")
 
+    try:
+        if not args.no_plot:
+            plot_mod.require_matplotlib()
+        if args.progress != "off":
+            progress_mod.require_tqdm()
+    except ImportError as e:
+        parser.error(str(e))
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     print(f"hipdlrm.examples.train: --model {args.model} --size {args.size} on {device} "
@@ -673,8 +711,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"throughput hipdlrm / torch: {cmp['throughput_ratio']:.2f}x")
         status = 0 if cmp.get("agree_within_noise_floor", cmp["agree"]) else 1
 
-    plot_path = write_plot(out_dir / "training.png", args, runs)
-    summary["plot"] = str(plot_path)
+    plot_path = None if args.no_plot else write_plot(out_dir / "training.png", args, runs, summary)
+    summary["plot"] = None if plot_path is None else str(plot_path)
     if args.save is not None:
         save_path = Path(args.save)
         save_path.parent.mkdir(parents=True, exist_ok=True)
@@ -684,7 +722,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"checkpoint: {save_path}")
     summary_path = out_dir / "summary.json"
     summary_path.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    print(f"summary: {summary_path}\nplot:    {plot_path}")
+    print(f"summary: {summary_path}" + ("" if plot_path is None else f"\nplot:    {plot_path}"))
     return status
 
 

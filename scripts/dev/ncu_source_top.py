@@ -5,7 +5,7 @@ Kernel development: prints the rows with the most warp-stall samples (the column
 share of all samples and the row's source or SASS text. Without such a column it prints the header, so the
 format of another Nsight Compute version can be read and the script adjusted.
 
-  python scripts/ncu_source_top.py REPORT_SOURCE.csv [--top 40]
+  python scripts/dev/ncu_source_top.py REPORT_SOURCE.csv [--top 40]
 """
 
 import argparse

@@ -1,20 +1,21 @@
-"""Per-kernel GPU time of one call, from torch.profiler: where the time of a slow operator goes.
+"""Per-kernel GPU time of one operator call, from torch.profiler: where a slow operator's time goes.
 
-Kernel development, not a benchmark of record (benchmarks/ is). Three workloads:
-  hstu  the HSTU backward at generative-recommenders' shape (B=512, H=4, D=128, bf16, causal, lengths in
-        [0.9 N, N)), N from --seq-len (default 1024): the dQ zeroing, the backward kernel, the dQ conversion;
-  tbe   the TBE backward with EXACT_ROWWISE_ADAGRAD on the paper's configurations (--configs, default the
-        uniform fp16 ones 0,1 and the fp32 one 2 for contrast), 1M rows per table, alpha 1.0 (uniform):
-        linearise, sort, segments, apply. The untimed forward that precedes each backward is profiled too
-        and listed under its own kernel names.
-  bounds  bounds_check_indices (WARNING) on the paper's workload (benchmarks/bounds_check.py's), random
-        violations at 0% and 5%: the offsets pass and the index pass, with the benchmark's restore copy
-        and L2 flush listed beside them.
+Kernel development, not a benchmark of record (benchmarks/ holds those). Workloads, built with the
+benchmarks' own helpers so the shapes are theirs:
+  hstu    the HSTU attention backward at generative-recommenders' shape (B=512, H=4, D=128, bf16, causal,
+          lengths in [0.9 N, N)), N from --seq-len;
+  tbe     the TBE backward with EXACT_ROWWISE_ADAGRAD on benchmarks/tbe.py's configurations (--configs),
+          1M rows per table, uniform ids; the forward each backward needs is profiled with it and listed
+          under its own kernel names;
+  bounds  bounds_check_indices (WARNING) on benchmarks/bounds_check.py's workload, random violations at
+          0% and 5%, with the benchmark's restore copy and L2 flush listed beside the op's kernels.
 
-  python scripts/kernel_breakdown.py [hstu] [tbe] [bounds] [--seq-len 1024] [--configs 0,1,2] [--reps 5] [--no-sr] [--no-profiler]
+  python scripts/dev/kernel_breakdown.py [hstu] [tbe] [bounds] [--seq-len 1024] [--configs 0,1,2] [--reps 5]
+                                         [--no-profiler]
 
-Prints, per workload, each kernel's mean GPU time per call (us), its launches per call and its share of the
-total, and the sum. Needs a CUDA (or ROCm) device and the built extension.
+Prints, per workload, each kernel's mean GPU time per call (us), its launches per call, its share of the
+total, and the sum. --no-profiler runs the same calls without torch.profiler, for Nsight Compute
+(scripts/dev/profile_run.sh). Needs a CUDA or ROCm device and the built extension.
 """
 
 import argparse
@@ -25,7 +26,7 @@ from typing import Callable, List, Optional
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks"))
 PROFILE = True
 
 
@@ -83,7 +84,7 @@ def hstu(seq_len: int, reps: int) -> None:
     breakdown(f"HSTU backward B=512 H=4 D=128 N={seq_len} bf16 causal", backward, reps=reps)
 
 
-def tbe(configs: List[int], reps: int, sr_off: bool = False) -> None:
+def tbe(configs: List[int], reps: int) -> None:
     import hipdlrm
     import tbe as T
 
@@ -92,39 +93,37 @@ def tbe(configs: List[int], reps: int, sr_off: bool = False) -> None:
     for ci in configs:
         config = T.PAPER_CONFIGS[ci]
         module = T.make_module(config, rows, device, hipdlrm.OptimType.EXACT_ROWWISE_ADAGRAD)
-        if sr_off:
-            module.stochastic_rounding = False
         wl = T.make_workload(module, config, 1.0, rows, 1000 * ci, device)
         ours = T.training_variants(wl, device, whole_step=False)[0]
-        sr = "round to nearest" if sr_off or config.weights == torch.float32 else "stochastic rounding"
-        breakdown(f"TBE backward + rowwise Adagrad, {config.label}, uniform, {sr} (forward kernels listed too)",
+        breakdown(f"TBE backward + rowwise Adagrad, {config.label}, uniform (forward kernels listed too)",
                   ours.fn, ours.setup, reps=reps)
         del module, wl, ours
         torch.cuda.empty_cache()
 
 
 def bounds(reps: int) -> None:
-    import argparse as _argparse
-
     import bounds_check as BC
-    from common import _l2_flush_buffer
+    import hipdlrm
+    from common import l2_flush_buffer
 
     device = torch.device("cuda")
+    warning_mode = int(hipdlrm.BoundsCheckMode.WARNING)
     for rate in (0.0, 0.05):
-        args = _argparse.Namespace(tables=30, batch=32768, bag_size=14, rows=1_000_000, placement="random", seed=0)
+        args = argparse.Namespace(tables=30, batch=32768, bag_size=14, rows=1_000_000, placement="random", seed=0)
         wl = BC.make_workload(args, rate, torch.int64, device)
         indices, offsets = wl.pristine.clone(), wl.offsets.clone()
         warning = torch.zeros(1, dtype=torch.int64, device=device)
-        flush = _l2_flush_buffer(device)
+        flush = l2_flush_buffer(device)
 
         def setup():
             indices.copy_(wl.pristine)
             warning.zero_()
             flush.view(torch.int64).sum()
 
-        breakdown(f"bounds_check_indices, random violations {rate:.0%}",
-                  lambda: torch.ops.hipdlrm.bounds_check_indices(wl.rows_per_table, indices, offsets, 1, warning),
-                  setup, reps)
+        def call():
+            torch.ops.hipdlrm.bounds_check_indices(wl.rows_per_table, indices, offsets, warning_mode, warning)
+
+        breakdown(f"bounds_check_indices, random violations {rate:.0%}", call, setup, reps)
 
 
 def main(argv=None) -> int:
@@ -133,7 +132,6 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--configs", default="0,1,2", help="comma-separated indices of benchmarks/tbe.py's configurations")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--no-sr", action="store_true", help="tbe: 16-bit weights rounded to nearest, not stochastically")
     p.add_argument("--no-profiler", action="store_true",
                    help="run the calls without torch.profiler (to run under Nsight Compute, which excludes it)")
     args = p.parse_args(argv)
@@ -149,7 +147,7 @@ def main(argv=None) -> int:
     if "hstu" in args.what:
         hstu(args.seq_len, args.reps)
     if "tbe" in args.what:
-        tbe([int(c) for c in args.configs.split(",") if c], args.reps, args.no_sr)
+        tbe([int(c) for c in args.configs.split(",") if c], args.reps)
     if "bounds" in args.what:
         bounds(args.reps)
     return 0
