@@ -375,9 +375,9 @@ def fmt_range(values):
 
 def table(rows_by_target):
     """One markdown table: a line per kernel row (instances of one template grouped by `row`) and target."""
-    lines = ["| kernel | target | inst | VGPR | AGPR | SGPR | LDS B | scratch | spills V / S | waves/SIMD | "
+    lines = ["| file | kernel | target | inst | VGPR | AGPR | SGPR | LDS B | scratch | spills V / S | waves/SIMD | "
              "atomics (in loops) | MFMA | DPP | permute |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     groups = collections.OrderedDict()
     for target in TARGETS:
         for r in rows_by_target.get(target, []):
@@ -391,7 +391,7 @@ def table(rows_by_target):
             for r in rs:
                 perm.update(r.permute)
             lines.append(
-                f"| `{label}` | {target} | {len(rs)} | {fmt_range([r.vgpr for r in rs])} | "
+                f"| {source} | `{label}` | {target} | {len(rs)} | {fmt_range([r.vgpr for r in rs])} | "
                 f"{fmt_range([r.agpr for r in rs])} | {fmt_range([r.sgpr for r in rs])} | "
                 f"{fmt_range([r.lds for r in rs])} | {fmt_range([r.scratch for r in rs])} | "
                 f"{fmt_range([r.vgpr_spills for r in rs])} / {fmt_range([r.sgpr_spills for r in rs])} | "

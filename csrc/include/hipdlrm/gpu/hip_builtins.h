@@ -7,8 +7,8 @@
 // compiles to gfx942 and gfx950 ISA with any recent clang, with nothing from ROCm installed.
 //
 // Device-only: a `clang -x hip --cuda-device-only -nogpulib` compile. The semantics follow HIP's own
-// definitions (same builtins, same memory scopes, same __launch_bounds__ attributes), so the ISA is the
-// one hipcc would emit for these calls. Host code of the launchers is parsed in that pass but never
+// definitions (same builtins, same memory scopes, same __launch_bounds__ attributes), so these calls
+// compile to what hipcc's headers give them, up to the compiler's version. Host code of the launchers is parsed in that pass but never
 // emitted, so the runtime API below is declarations only: nothing here can run or link.
 // rocPRIM needs HIP's headers, so its device-wide sort and scan kernels are not in this pass (device_sort.h
 // declares its wrappers only); hipdlrm's own kernels all are.
@@ -109,10 +109,10 @@ HIPDLRM_HIP_DEV __attribute__((convergent)) void __syncthreads() {
 HIPDLRM_HIP_DEV void __threadfence() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, "agent"); }
 HIPDLRM_HIP_DEV void __threadfence_system() { __builtin_amdgcn_fence(__ATOMIC_SEQ_CST, ""); }
 
-// ---- lanes: ballot, popcount, shuffles -------------------------------------------------------------
 HIPDLRM_HIP_DEV unsigned __float_as_uint(float v) { return __builtin_bit_cast(unsigned, v); }
 HIPDLRM_HIP_DEV float __uint_as_float(unsigned v) { return __builtin_bit_cast(float, v); }
 
+// ---- lanes: ballot, popcount, shuffles -------------------------------------------------------------
 HIPDLRM_HIP_DEV int __lane_id() { return __builtin_amdgcn_mbcnt_hi(~0u, __builtin_amdgcn_mbcnt_lo(~0u, 0u)); }
 HIPDLRM_HIP_DEV unsigned long long __ballot(int pred) { return __builtin_amdgcn_ballot_w64(pred != 0); }
 HIPDLRM_HIP_DEV int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
@@ -120,8 +120,8 @@ HIPDLRM_HIP_DEV int __popc(unsigned v) { return __builtin_popcount(v); }
 HIPDLRM_HIP_DEV int __ffs(unsigned v) { return __builtin_ffs(static_cast<int>(v)); }
 HIPDLRM_HIP_DEV int __ffsll(unsigned long long v) { return __builtin_ffsll(static_cast<long long>(v)); }
 
-// 32-bit shuffles through ds_bpermute (a byte address per lane); `width` splits the wave into groups,
-// and a source outside the lane's group reads the lane itself, as HIP's __shfl_* do.
+// 32-bit shuffles through ds_bpermute (a byte address per lane) with HIP's index arithmetic: `width`
+// splits the wave into groups; for xor and down a source outside the lane's group reads the lane itself.
 HIPDLRM_HIP_DEV int __shfl(int v, int src, int width = 64) {
   const int index = src + (__lane_id() & ~(width - 1));
   return __builtin_amdgcn_ds_bpermute(index << 2, v);
