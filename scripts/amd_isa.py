@@ -278,7 +278,6 @@ class Row:
         self.sgpr = int(md.get("sgpr_count", 0))
         self.static_lds = int(md.get("group_segment_fixed_size", 0))
         self.lds = self.static_lds + dynamic_lds
-        self.dynamic_lds = dynamic_lds
         self.scratch = int(md.get("private_segment_fixed_size", 0))
         self.vgpr_spills = int(md.get("vgpr_spill_count", 0))
         self.sgpr_spills = int(md.get("sgpr_spill_count", 0))
@@ -304,7 +303,6 @@ class Row:
             groups = t["lds_per_cu"] // self.lds
             waves_lds = min(t["max_waves"], max(1, groups * wg_waves // SIMDS_PER_CU))
         self.waves = min(waves_regs, waves_sgpr, waves_lds)
-        self.limiter = "LDS" if waves_lds == self.waves and waves_lds < waves_regs else "regs"
 
     def mfma_shapes(self):
         return sorted(set(op[len("v_mfma_"):] for op, _ in self.mfma))
