@@ -3,7 +3,7 @@
 #   scripts/setup.sh          Python side: torch (CPU build unless one is installed), test tools, the
 #                             example's matplotlib and tqdm, build
 #   scripts/setup.sh --ci     also the toolchains of the test suite: clang-19/lld-19 with HIP headers,
-#                             rocPRIM and device libraries (AMD compiles), GoogleTest, cmake, ninja
+#                             rocPRIM and device libraries, clang-22 (AMD compiles), GoogleTest, cmake, ninja
 # Safe to run again: installed pieces are skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +11,9 @@ say() { printf '\n[setup] %s\n' "$*"; }
 PY=${PYTHON:-python3}
 
 if [ "${1:-}" = "--ci" ]; then
-  pkgs=(clang-19 lld-19 libamdhip64-dev librocprim-dev rocm-device-libs libgtest-dev)
+  # clang-22: the gfx942/gfx950 ISA compile (device code only: no linker needed); clang-19 + lld-19 with HIP
+  # 5.2's headers, rocPRIM and device libraries: the full gfx90a compile and link.
+  pkgs=(clang-19 lld-19 clang-22 libamdhip64-dev librocprim-dev rocm-device-libs libgtest-dev)
   missing=()
   for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
   if [ "${#missing[@]}" -gt 0 ]; then

@@ -12,6 +12,7 @@
 #include "hipdlrm/gpu/mma.h"
 #include "hipdlrm/gpu/numeric.h"
 #include "hipdlrm/gpu/platform.h"
+#include "hipdlrm/gpu/xcd_order.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -350,10 +351,7 @@ struct ActFwd<Activation::kFastGelu, true> {
 HIPDLRM_DEVICE std::int64_t xcd_remap(std::int64_t id, std::int64_t total) {
 #if defined(HIPDLRM_PLATFORM_HIP) && (defined(__gfx940__) || defined(__gfx941__) || defined(__gfx942__) || \
                                       defined(__gfx950__))
-  constexpr std::int64_t kXcds = 8;
-  const std::int64_t per = total / kXcds, extra = total % kXcds;  // XCDs < extra run per + 1 tiles
-  const std::int64_t xcd = id % kXcds, slot = id / kXcds;
-  return xcd * per + (xcd < extra ? xcd : extra) + slot;
+  return gpu::xcd_contiguous_tile(id, total, 8);
 #else
   (void)total;
   return id;

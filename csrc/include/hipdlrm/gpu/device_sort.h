@@ -7,7 +7,9 @@
 
 #include "hipdlrm/gpu/platform.h"
 
-#if defined(HIPDLRM_PLATFORM_HIP)
+#if defined(HIPDLRM_HIP_BUILTINS)
+// (rocPRIM needs HIP's headers: hip_builtins.h declares the two entry points, so the launchers parse)
+#elif defined(HIPDLRM_PLATFORM_HIP)
 #include <rocprim/rocprim.hpp>
 #else
 #include <cub/device/device_radix_sort.cuh>

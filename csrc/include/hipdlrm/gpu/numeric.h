@@ -10,7 +10,9 @@
 
 #include "hipdlrm/gpu/platform.h"
 
-#if defined(HIPDLRM_PLATFORM_HIP)
+#if defined(HIPDLRM_HIP_BUILTINS)
+// (the fp16 conversions come with hip_builtins.h)
+#elif defined(HIPDLRM_PLATFORM_HIP)
 #include <hip/hip_fp16.h>
 #else
 #include <cuda_fp16.h>
