@@ -13,7 +13,10 @@ op, so ``hstu_mha_fwd`` itself is differentiable. See docs/attention.md for the 
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+import math
+import numbers
+import operator
+from typing import Any, Optional, Union
 
 import torch
 
@@ -23,6 +26,56 @@ _BACKWARD = "hipdlrm::hstu_mha_bwd"
 # Position of each argument of hstu_mha_fwd (as setup_context and needs_input_grad see them).
 _Q, _K, _V, _SCALE_PER_TOKEN, _RAB = 2, 3, 4, 9, 12
 _NUM_INPUTS = 13
+
+
+# ---- scalar arguments of the attention wrappers (hstu_mha, gdpa) -------------------------------------------
+# Each raises, before anything is computed or allocated, a TypeError or ValueError that names the function,
+# the argument, what it expects and what it got. bool is rejected where a number is wanted (True would
+# silently count as 1), and anything but a bool where a flag is wanted (bool("no") is True).
+
+def _is_bool(value: Any) -> bool:
+    """A Python bool, a bool tensor or a numpy bool."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, torch.Tensor):
+        return value.dtype == torch.bool
+    return str(getattr(value, "dtype", "")) == "bool"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _int_arg(fn: str, name: str, value: Any, optional: bool = False) -> Optional[int]:
+    if value is None and optional:
+        return None
+    if not _is_bool(value):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    expected = "an int or None" if optional else "an int"
+    raise TypeError(f"{fn}: {name} must be {expected}, got {_describe(value)}")
+
+
+def _float_arg(fn: str, name: str, value: Any) -> float:
+    is_number = isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.dim() == 0
+                                                   and not value.is_complex())
+    if value is None or _is_bool(value) or not is_number:
+        raise TypeError(f"{fn}: {name} must be a float, got {_describe(value)}")
+    result = float(value)
+    if not math.isfinite(result):
+        raise ValueError(f"{fn}: {name} must be finite, got {result}")
+    return result
+
+
+def _bool_arg(fn: str, name: str, value: Any) -> bool:
+    if not _is_bool(value) or (isinstance(value, torch.Tensor) and value.dim() != 0):
+        raise TypeError(f"{fn}: {name} must be a bool, got {_describe(value)}")
+    return bool(value)
+
 
 
 @torch.library.register_fake(_FORWARD)
@@ -96,14 +149,21 @@ def hstu_mha(
         rab: optional relative attention bias ``[1 or B, 1 or H, max_seq_len, max_seq_len]`` in q's dtype,
             added after alpha scales q k^T (not scaled by alpha).
 
-    Differentiable in q, k, v and rab; attn_scale is a constant.
+    Differentiable in q, k, v and rab; attn_scale is a constant. The scalar arguments are checked before
+    anything runs: ``max_seq_len``, ``max_attn_len`` and ``contextual_seq_len`` must be ints (not bools),
+    ``alpha`` a finite float (required, as in generative-recommenders), ``causal`` a bool.
     """
+    fn = "hstu_mha"
+    max_seq_len = _int_arg(fn, "max_seq_len", max_seq_len)
+    alpha = _float_arg(fn, "alpha", alpha)
+    causal = _bool_arg(fn, "causal", causal)
+    max_attn_len = _int_arg(fn, "max_attn_len", max_attn_len)
+    contextual_seq_len = _int_arg(fn, "contextual_seq_len", contextual_seq_len)
     scale_value: Optional[float] = None
     scale_per_token: Optional[torch.Tensor] = None
     if isinstance(attn_scale, torch.Tensor):
         scale_per_token = attn_scale.expand(q.shape[0]) if attn_scale.dim() == 0 else attn_scale
     elif attn_scale is not None:
-        scale_value = float(attn_scale)
-    return torch.ops.hipdlrm.hstu_mha_fwd(max_seq_len, float(alpha), q, k, v, seq_offsets, bool(causal),
-                                          num_targets, scale_value, scale_per_token, max_attn_len,
-                                          contextual_seq_len, rab)
+        scale_value = _float_arg(fn, "attn_scale", attn_scale)
+    return torch.ops.hipdlrm.hstu_mha_fwd(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, scale_value,
+                                          scale_per_token, max_attn_len, contextual_seq_len, rab)

@@ -15,6 +15,8 @@ from typing import Optional
 
 import torch
 
+from .attention import _bool_arg, _float_arg, _int_arg
+
 _FORWARD = "hipdlrm::gdpa_fwd"
 _BACKWARD = "hipdlrm::gdpa_bwd"
 
@@ -74,7 +76,7 @@ def gdpa(
     max_seq_len_q: int,
     max_seq_len_kv: int,
     activation: str = "gelu",
-    qk_scale: float = 1.0,
+    qk_scale: Optional[float] = 1.0,
     window_size: Optional[int] = None,
     broadcast_q: bool = False,
 ) -> torch.Tensor:
@@ -98,12 +100,23 @@ def gdpa(
             every query length <= max_seq_len_q and every key length <= max_seq_len_kv.
         activation: one of ``GDPA_ACTIVATIONS``: "raw" (identity), "relu", "gelu" (erf form),
             "fast_gelu" (tanh form), "silu".
-        qk_scale: multiplies act(S).
+        qk_scale: multiplies act(S); None means 1.0, as in Meta's GDPA.
         window_size: ``w >= 0`` keeps only pairs with ``|i - j| <= w``; None keeps every pair.
         broadcast_q: query holds one sequence shared by every sample (``query_offset = [0, Lq]``); sample b's
             output rows are ``b * Lq .. (b + 1) * Lq - 1`` and the query gradient sums over samples.
 
-    Differentiable in query, key and value.
+    Differentiable in query, key and value. The scalar arguments are checked before anything runs:
+    ``max_seq_len_q``, ``max_seq_len_kv`` and ``window_size`` must be ints (not bools), ``activation`` a str,
+    ``qk_scale`` a finite float or None, ``broadcast_q`` a bool.
     """
+    fn = "gdpa"
+    max_seq_len_q = _int_arg(fn, "max_seq_len_q", max_seq_len_q)
+    max_seq_len_kv = _int_arg(fn, "max_seq_len_kv", max_seq_len_kv)
+    if not isinstance(activation, str):
+        raise TypeError(f"{fn}: activation must be a str, one of {GDPA_ACTIVATIONS}, got "
+                        f"{type(activation).__name__} {activation!r}")
+    qk_scale = 1.0 if qk_scale is None else _float_arg(fn, "qk_scale", qk_scale)
+    window_size = _int_arg(fn, "window_size", window_size, optional=True)
+    broadcast_q = _bool_arg(fn, "broadcast_q", broadcast_q)
     return torch.ops.hipdlrm.gdpa_fwd(query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv,
-                                      activation, float(qk_scale), window_size, bool(broadcast_q))
+                                      activation, qk_scale, window_size, broadcast_q)

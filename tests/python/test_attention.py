@@ -564,6 +564,69 @@ def test_backward_errors():
             **_error_args(seq_offsets=torch.tensor([2, 2, 2, 6])))
 
 
+# Scalar arguments of hipdlrm.hstu_mha that are not what its signature says: a TypeError or ValueError that
+# names the argument and what was given, raised before the op runs (issue 32). bool is not an int and an int
+# is not a bool: both used to pass silently (True as 1, bool("no") as True).
+WRAPPER_SCALAR_ERRORS = {
+    "alpha None": (dict(alpha=None), TypeError, r"hstu_mha: alpha must be a float, got NoneType None"),
+    "alpha str": (dict(alpha="0.5"), TypeError, r"alpha must be a float, got str '0.5'"),
+    "alpha bool": (dict(alpha=True), TypeError, r"alpha must be a float, got bool True"),
+    "alpha nan": (dict(alpha=float("nan")), ValueError, r"alpha must be finite, got nan"),
+    "alpha inf": (dict(alpha=float("-inf")), ValueError, r"alpha must be finite, got -inf"),
+    "max_seq_len None": (dict(max_seq_len=None), TypeError, r"max_seq_len must be an int, got NoneType None"),
+    "max_seq_len float": (dict(max_seq_len=4.0), TypeError, r"max_seq_len must be an int, got float 4.0"),
+    "max_seq_len bool": (dict(max_seq_len=True), TypeError, r"max_seq_len must be an int, got bool True"),
+    "max_seq_len str": (dict(max_seq_len="4"), TypeError, r"max_seq_len must be an int, got str '4'"),
+    "causal str": (dict(causal="no"), TypeError, r"causal must be a bool, got str 'no'"),
+    "causal int": (dict(causal=2), TypeError, r"causal must be a bool, got int 2"),
+    "causal None": (dict(causal=None), TypeError, r"causal must be a bool, got NoneType None"),
+    "attn_scale str": (dict(attn_scale="x"), TypeError, r"attn_scale must be a float, got str 'x'"),
+    "attn_scale bool": (dict(attn_scale=True), TypeError, r"attn_scale must be a float, got bool True"),
+    "attn_scale nan": (dict(attn_scale=float("nan")), ValueError, r"attn_scale must be finite, got nan"),
+    "max_attn_len bool": (dict(max_attn_len=True), TypeError, r"max_attn_len must be an int, got bool True"),
+    "max_attn_len float": (dict(max_attn_len=1.5), TypeError, r"max_attn_len must be an int, got float 1.5"),
+    "contextual None": (dict(contextual_seq_len=None), TypeError,
+                        r"contextual_seq_len must be an int, got NoneType None"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRAPPER_SCALAR_ERRORS))
+def test_wrapper_scalar_errors(name, monkeypatch):
+    overrides, error, pattern = WRAPPER_SCALAR_ERRORS[name]
+    args = _error_args()
+    for key in ("attn_scale_per_token",):
+        del args[key]
+    args.update(overrides)
+
+    def not_called(*a, **kw):
+        raise AssertionError("the op ran although an argument was invalid")
+
+    monkeypatch.setattr(torch.ops.hipdlrm, "hstu_mha_fwd", not_called)
+    with pytest.raises(error, match=pattern):
+        hipdlrm.hstu_mha(**args)
+
+
+def test_wrapper_scalar_kinds_accepted():
+    """Integer-like and float-like scalars of other kinds (numpy, 0-d tensors) mean what their value says."""
+    np = pytest.importorskip("numpy")
+    args = _error_args()
+    del args["attn_scale_per_token"]
+    expected = hipdlrm.hstu_mha(**args)
+    for overrides in (dict(max_seq_len=np.int64(4)), dict(max_seq_len=torch.tensor(4)), dict(alpha=np.float32(0.5)),
+                      dict(alpha=torch.tensor(0.5)), dict(causal=np.bool_(True)), dict(max_attn_len=np.int32(0))):
+        torch.testing.assert_close(hipdlrm.hstu_mha(**{**args, **overrides}), expected, rtol=0, atol=0)
+
+
+def test_op_rejects_non_finite_scalars():
+    """The raw op checks what the wrapper checks where a value, not a type, is wrong."""
+    with pytest.raises(RuntimeError, match=r"hstu_mha_fwd: alpha must be a finite float, got nan"):
+        FWD(**_error_args(alpha=float("nan")))
+    with pytest.raises(RuntimeError, match=r"hstu_mha_fwd: attn_scale must be a finite float, got inf"):
+        FWD(**_error_args(attn_scale=float("inf")))
+    with pytest.raises(RuntimeError, match=r"hstu_mha_bwd: alpha must be a finite float, got inf"):
+        BWD(grad_out=torch.randn(6, 2, 32), rab_requires_grad=False, **_error_args(alpha=float("inf")))
+
+
 @requires_gpu
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_gpu_offsets_checked_again_when_changed(direction):

@@ -551,6 +551,56 @@ def test_backward_errors():
         BWD(torch.randn(6, 4, 32), **_error_args(activation="tanh"))
 
 
+# Scalar arguments of hipdlrm.gdpa that are not what its signature says: a TypeError or ValueError that names
+# the argument and what was given, raised before the op runs (issue 32).
+WRAPPER_SCALAR_ERRORS = {
+    "qk_scale str": (dict(qk_scale="1"), TypeError, r"gdpa: qk_scale must be a float, got str '1'"),
+    "qk_scale bool": (dict(qk_scale=True), TypeError, r"qk_scale must be a float, got bool True"),
+    "qk_scale nan": (dict(qk_scale=float("nan")), ValueError, r"qk_scale must be finite, got nan"),
+    "max_seq_len_q float": (dict(max_seq_len_q=4.0), TypeError, r"max_seq_len_q must be an int, got float 4.0"),
+    "max_seq_len_kv bool": (dict(max_seq_len_kv=True), TypeError, r"max_seq_len_kv must be an int, got bool True"),
+    "max_seq_len_kv None": (dict(max_seq_len_kv=None), TypeError,
+                            r"max_seq_len_kv must be an int, got NoneType None"),
+    "activation int": (dict(activation=3), TypeError, r"activation must be a str, one of .*, got int 3"),
+    "activation None": (dict(activation=None), TypeError, r"activation must be a str, one of .*, got NoneType None"),
+    "window float": (dict(window_size=1.5), TypeError, r"window_size must be an int or None, got float 1.5"),
+    "window bool": (dict(window_size=True), TypeError, r"window_size must be an int or None, got bool True"),
+    "window str": (dict(window_size="2"), TypeError, r"window_size must be an int or None, got str '2'"),
+    "broadcast_q str": (dict(broadcast_q="no"), TypeError, r"broadcast_q must be a bool, got str 'no'"),
+    "broadcast_q int": (dict(broadcast_q=1), TypeError, r"broadcast_q must be a bool, got int 1"),
+    "broadcast_q None": (dict(broadcast_q=None), TypeError, r"broadcast_q must be a bool, got NoneType None"),
+}
+
+
+@pytest.mark.parametrize("name", list(WRAPPER_SCALAR_ERRORS))
+def test_wrapper_scalar_errors(name, monkeypatch):
+    overrides, error, pattern = WRAPPER_SCALAR_ERRORS[name]
+
+    def not_called(*a, **kw):
+        raise AssertionError("the op ran although an argument was invalid")
+
+    monkeypatch.setattr(torch.ops.hipdlrm, "gdpa_fwd", not_called)
+    with pytest.raises(error, match=pattern):
+        hipdlrm.gdpa(**_error_args(**overrides))
+
+
+def test_wrapper_qk_scale_none_is_one():
+    """qk_scale=None means 1.0, as in Meta's GDPA (it used to raise float()'s unnamed TypeError)."""
+    case = Case(qk_scale=1.0)
+    inp = make_inputs(case)
+    args = (inp.query, inp.key, inp.value, inp.query_offset, inp.key_offset, case.n_q, case.n_kv, "gelu")
+    torch.testing.assert_close(hipdlrm.gdpa(*args, qk_scale=None), run_reference(case, inp, torch.float64)["out"].float())
+    torch.testing.assert_close(hipdlrm.gdpa(*args, qk_scale=None), FWD(*args, 1.0), rtol=0, atol=0)
+
+
+def test_op_rejects_non_finite_qk_scale():
+    with pytest.raises(RuntimeError, match=r"gdpa_fwd: qk_scale must be a finite float, got inf"):
+        FWD(**_error_args(qk_scale=float("inf")))
+    with pytest.raises(RuntimeError, match=r"gdpa_bwd: qk_scale must be a finite float, got nan"):
+        args = _error_args(qk_scale=float("nan"))
+        BWD(torch.randn(6, 4, 32), **args)
+
+
 # ----------------------------------------------------------------------------------------------
 # GPU: against the oracle and the CPU op
 # ----------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 // The backward of the jagged pointwise-activation attention core, shared by HSTU and GDPA: dQ, dK, dV
-// (and HSTU's dRab) of O = (act(alpha q k^T + rab) (.) valid) v * s (hstu.h). With x = alpha q.k + rab,
+// (and HSTU's dRab) of O = (act(alpha q k^T + rab) (.) valid) v * s (attention_api.h). With x = alpha q.k + rab,
 // s_i the row scale:
 //   P = valid act(x) s_i,  dP = dO v^T,  dX = valid dP s_i act'(x),
 //   dV = P^T dO,  dK = alpha dX^T q,  dQ = alpha dX k,  dRab = dX.
@@ -26,8 +26,8 @@
 
 #include <type_traits>
 
-#include "attention_backward_sm90.h"
-#include "attention_forward.h"
+#include "kernels/attention/attention_backward_sm90.h"
+#include "kernels/attention/attention_forward.h"
 #include "hipdlrm/gpu/atomics.h"
 #include "hipdlrm/gpu/launch.h"
 
@@ -342,16 +342,18 @@ gpu::status_t launch_attention_backward(const AttentionBackwardArgs& args, gpu::
 }
 
 template <class V>
-gpu::status_t dispatch_attention_backward(const AttentionBackwardArgs& args, gpu::stream_t stream) {
+gpu::status_t dispatch_attention_backward(const AttentionBackwardArgs& args, const LaunchOptions& options, gpu::stream_t stream) {
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
 #if defined(HIPDLRM_PLATFORM_CUDA)
-  if (sm90_kernels_available(args.p)) {
+  if (options.wgmma && sm90_kernels_available(args.p)) {
     const bool bf16 = args.p.dtype == ElemType::kBFloat16;
     const gpu::status_t st = bf16 ? launch_attention_backward_sm90<gpu::bfloat16_t, V>(args, stream)
                                   : launch_attention_backward_sm90<gpu::half_t, V>(args, stream);
     if (st != gpu::kSuccess) return st;
     return bf16 ? launch_convert_grad_q<gpu::bfloat16_t>(args, stream) : launch_convert_grad_q<gpu::half_t>(args, stream);
   }
+#else
+  (void)options;
 #endif
   if (args.p.dtype == ElemType::kBFloat16) {
     using T = gpu::bfloat16_t;

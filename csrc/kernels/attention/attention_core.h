@@ -7,8 +7,8 @@
 
 #include <cstdint>
 
-#include "attention_mask.h"
-#include "hstu.h"
+#include "kernels/attention/attention_mask.h"
+#include "kernels/attention/attention_api.h"
 #include "hipdlrm/gpu/mma.h"
 #include "hipdlrm/gpu/numeric.h"
 #include "hipdlrm/gpu/platform.h"
@@ -32,10 +32,9 @@ struct FwdConfig {
   static constexpr int kRowTiles = 1;  // 16-row tiles per wave
 #else
   // Head dim 128: two 16-row tiles per warp (each k/v fragment feeds two MMAs) with 32 keys per step (with
-  // 64 the doubled accumulators spill to local memory; with 32 they fit in 255 registers). Measured on the
-  // H200 (scripts/attn_fwd_variants.sh, bf16 d128): GDPA N=1024 fast_gelu 187 -> 216 TFLOP/s, gelu 155 ->
-  // 160, raw 213 -> 263; HSTU causal B=512 N=1024 / 2048 / 4096: 126 / 156 / 178 -> 123 / 161 / 191.
-  // Eight warps per block (one tile each, or two) measured slower.
+  // 64 the doubled accumulators spill to local memory; with 32 they fit in 255 registers). Faster on the
+  // H200 than one tile per warp for GDPA and for HSTU's longer sequences (about even for HSTU at N = 1024);
+  // eight warps per block (one tile each, or two) measured slower.
   static constexpr int kRowTiles = kD == 128 ? 2 : 1;
 #endif
   static constexpr int kBlockM = 16 * kRowTiles * kWaves;
@@ -46,8 +45,8 @@ struct FwdConfig {
   static constexpr int kBlockN = kRowTiles == 2 ? 32 : 64;
   static constexpr int kStages = 2;
 #endif
-  // Occupancy knob (blocks per multiprocessor; caps registers per thread). Measured on the H200 (bf16,
-  // causal, B=512, H=4; scripts/attn_variants.sh): 3 blocks helps head dim 64 (+25%), not 128.
+  // Occupancy knob (blocks per multiprocessor; caps registers per thread): on the H200 three blocks help
+  // head dim 64 (its accumulators leave room for them), not 128.
 #if defined(HIPDLRM_PLATFORM_HIP)
   static constexpr int kMinBlocks = 1;
 #else
@@ -81,10 +80,8 @@ struct FwdConfig {
 // one q/dO stage and dS share the 64 KB of LDS; kD = 256 leaves room for 16 queries a step. k rows are held
 // in registers too up to kD = 128; at 256 they are re-read from LDS to stay clear of the 512-register limit.
 // NVIDIA: 8 warps (128 keys per block) below head dim 256, so each staged q/dO tile and each dQ atomic
-// serves twice the keys; at 256 the 128-key block would not fit in shared memory. Measured on the H200
-// (scripts/attn_bwd_variants.sh, bf16, d128, kernel-only): GDPA B=1152 N=1024 / 2048 gelu 155 / 163 ->
-// 165 / 176 TFLOP/s; HSTU causal B=512 N=1024 / 2048 / 4096 81 / 107 / 125 -> 96 / 117 / 131. (32 queries
-// per step with 4 warps: HSTU 98 / 113 / 121, GDPA 148 at 1024.) AMD keeps 4 waves: 64 KB of LDS.
+// serves twice the keys (faster on the H200 for both ops than 4 warps, with 64 or with 32 queries per
+// step); at 256 the 128-key block would not fit in shared memory. AMD keeps 4 waves: 64 KB of LDS.
 template <int kD>
 struct BwdConfig {
 #if defined(HIPDLRM_PLATFORM_HIP)
@@ -180,7 +177,7 @@ HIPDLRM_DEVICE float sigmoid_act(float x) {
   return sigmoid_fast(x);
 }
 
-// act(x) and, for the backward, act'(x), per Activation (hstu.h). act(0) = 0 for each. The exponentials
+// act(x) and, for the backward, act'(x), per Activation (attention_api.h). act(0) = 0 for each. The exponentials
 // and reciprocals are the hardware's approximate ones (fast_exp, fast_rcp); docs/attention.md gives each
 // activation's error against its fp64 definition. kTanh: the tanh form above (SiLU and tanh-GeLU).
 template <Activation A, bool kTanh = false>
@@ -227,8 +224,7 @@ struct Act<Activation::kSilu, kTanh> {
 // the erfc approximation of Abramowitz & Stegun 7.1.26 (|erf error| <= 1.5e-7) with the hardware exp and
 // reciprocal: u = |x| / sqrt 2, t = 1 / (1 + p u), q = t (a1 + t (a2 + t (a3 + t (a4 + t a5)))) e^(-u^2) / 2,
 // Phi = 1 - q for x >= 0 and q below; e^(-u^2) = e^(-x^2 / 2) also gives phi. About 16 instructions against
-// erff's 29. Measured on the H200 (bf16, D=128, B=1152, H=4, full length 1024 / 2048; tests/gpu/gdpa_check.cu
-// --bench): forward 160 / 167 -> 190 / 200 TFLOP/s, backward 144 -> 155 at 1024. Error: docs/attention.md.
+// erff's 29, which makes GDPA's gelu forward and backward markedly faster. Error: docs/attention.md.
 template <bool kTanh>
 struct Act<Activation::kGelu, kTanh> {
   HIPDLRM_DEVICE static float cdf(float x, float& gauss) {
@@ -302,15 +298,15 @@ struct Act<Activation::kFastGelu, kTanh> {
 // see act exactly up to that factor, and the constants the forms would spend instructions on are folded
 // in: GeLU (both forms) as x (1 + tanh(.)) = 2 gelu(x), saving the halving of x and, for the erf form, the
 // scaling by 1/sqrt 2 (folded into its polynomial); SiLU as h + h tanh(h) with h = (a / 2) s, so HSTU's
-// alpha and the halving are one multiply. Other activations, non-tanh builds and -DHIPDLRM_NO_ACT_FOLD
-// (for A/B): Act::f with gain 1.
+// alpha and the halving are one multiply. Other activations and platforms without the tanh instruction:
+// Act::f with gain 1.
 template <Activation A, bool kTanh>
 struct ActFwd {
   static constexpr float kGain = 1.0f;
   HIPDLRM_DEVICE static float prescale(float a) { return a; }
   HIPDLRM_DEVICE static float f(float y) { return Act<A, kTanh>::f(y); }
 };
-#if defined(HIPDLRM_HAS_FAST_TANH) && !defined(HIPDLRM_NO_ACT_FOLD)
+#if defined(HIPDLRM_HAS_FAST_TANH)
 template <>
 struct ActFwd<Activation::kSilu, true> {
   static constexpr float kGain = 1.0f;

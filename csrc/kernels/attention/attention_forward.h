@@ -1,5 +1,5 @@
 // The forward of the jagged pointwise-activation attention core, shared by HSTU and GDPA:
-//   O = (act(alpha q k^T + rab) (.) valid) v * s, per sample and query head (hstu.h).
+//   O = (act(alpha q k^T + rab) (.) valid) v * s, per sample and query head (attention_api.h).
 //
 // Thread mapping: one block per (sample, query head, 16*kWaves query rows); each wave owns 16 query rows and
 // walks the sample's key blocks of kBlockN keys that the mask does not rule out (whole masked-out blocks,
@@ -18,9 +18,9 @@
 // rab and the per-token scale are read; else alpha = 1 and there is neither).
 #pragma once
 
-#include "attention_core.h"
-#include "attention_forward_sm90.h"
-#include "hstu.h"
+#include "kernels/attention/attention_core.h"
+#include "kernels/attention/attention_forward_sm90.h"
+#include "kernels/attention/attention_api.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -241,13 +241,15 @@ gpu::status_t launch_attention_forward(const AttentionForwardArgs& args, gpu::st
 
 // By element type and head dim (the larger of dqk and dv, rounded up to an instantiated width).
 template <class V>
-gpu::status_t dispatch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
+gpu::status_t dispatch_attention_forward(const AttentionForwardArgs& args, const LaunchOptions& options, gpu::stream_t stream) {
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
 #if defined(HIPDLRM_PLATFORM_CUDA)
-  if (sm90_kernels_available(args.p)) {
+  if (options.wgmma && sm90_kernels_available(args.p)) {
     return args.p.dtype == ElemType::kBFloat16 ? launch_attention_forward_sm90<gpu::bfloat16_t, V>(args, stream)
                                                : launch_attention_forward_sm90<gpu::half_t, V>(args, stream);
   }
+#else
+  (void)options;
 #endif
   if (args.p.dtype == ElemType::kBFloat16) {
     using T = gpu::bfloat16_t;

@@ -1,29 +1,21 @@
 // Hopper (sm_90a) forward of the pointwise-activation attention core at head dim 128 (HSTU and GDPA: the
-// same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma). Two kernels:
-// the warp-specialised persistent one further below (attention_forward_sm90_ws_kernel: a producer
-// warpgroup, mbarriers, two consumer warpgroups taking turns), the default for both ops, and the first
-// one (attention_forward_sm90_kernel), kept for A/B with -DHIPDLRM_SM90_FWD_WS_{HSTU,GDPA}=0 and described
-// here:
-//
-// One block of one or two warpgroups per (sample, query head, 64 or 128 query rows); warpgroup w owns 64
-// rows. q is staged once; k and v blocks of kBN keys stream through two shared-memory stages (three with the
-// overlap option below) with cp.async. Per key
-// block each warpgroup computes S[64 x kBN] = q k^T with both operands read by wgmma from shared memory
-// (8 k16 steps over the head dim), applies alpha, rab, the activation and the mask to S in registers, packs
-// it into the register A operand of O[64 x 128] += P v (v read from shared memory in its natural [key][d]
-// layout through the transposed-B descriptor), and O stays in registers until the end. Masks skip whole
-// key blocks as in the portable kernel (block level, then per warpgroup); fully valid tiles take the
-// mask-free path. Tiles use the 128-byte swizzle (gpu/wgmma.h), written by cp.async with the same swizzle.
+// same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma), warp-specialised
+// and persistent (attention_forward_sm90_ws_kernel below: a producer warpgroup, mbarriers, two consumer
+// warpgroups taking turns). Per key block a consumer computes S[64 x 128] = q k^T with both operands read by
+// wgmma from shared memory (8 k16 steps over the head dim), applies alpha, rab, the activation and the mask
+// to S in registers, packs it into the register A operand of O[64 x 128] += P v (v read from shared memory
+// in its natural [key][d] layout through the transposed-B descriptor), and O stays in registers until the
+// end. Masks skip whole key blocks as in the portable kernel; fully valid tiles take the mask-free path.
+// Tiles use the 128-byte swizzle (gpu/wgmma.h), written by cp.async or TMA with the same swizzle.
 //
 // Used for 64 < max(dqk, dv) <= 128 on a compute-capability 9.0 device when the extension was built for
-// sm_90a (HIPDLRM_SM90A_KERNELS); HIPDLRM_DISABLE_WGMMA=1 in the environment falls back to the portable
-// kernel. Elsewhere the kernel is an empty stub that is never launched.
+// sm_90a (HIPDLRM_SM90A_KERNELS) and the caller allows it (LaunchOptions::wgmma, attention_api.h).
+// Elsewhere the kernel is an empty stub that is never launched.
 #pragma once
 
-#include <cstdlib>
 #include <type_traits>
 
-#include "attention_core.h"
+#include "kernels/attention/attention_core.h"
 #include "hipdlrm/gpu/async_barrier.h"
 #include "hipdlrm/gpu/launch.h"
 #include "hipdlrm/gpu/tensor_map.h"
@@ -32,69 +24,6 @@
 namespace hipdlrm {
 namespace kernels {
 namespace attention {
-
-// Tile shape per variant, measured on the H200 (scripts/attn_sm90_try.sh, bf16, d128, kernel only;
-// HSTU causal B=512 H=4 N=1024 / 4096, GDPA B=1152 H=4 N=1024 gelu / fast_gelu / raw, TFLOP/s):
-//   64 keys, 2 warpgroups (1 block/SM):  HSTU 135 / 204   GDPA 238 / 247 / 324
-//   64 keys, 1 warpgroup (2 blocks/SM):  HSTU 161 / 221   GDPA 229 / 251 / 306
-//   128 keys, 2 warpgroups (1 block/SM): HSTU 145 / 235   GDPA 249 / 278 / 388
-//   128 keys, 1 warpgroup (1 block/SM):  HSTU  89 / 146   GDPA 169 / 189 / 245
-// (the portable mma.sync kernel, same run: HSTU 122 / 189, GDPA 190 / 216). HSTU's causal blocks gain
-// from the smaller tile at the issue's N = 1024 (less work on the diagonal, two blocks per SM to overlap
-// one's prologue and activation with the other's matrix work); GDPA's full rows from the larger one.
-// The overlapped loop (three stages; the next block's q k^T issued before this block's activation) is
-// correct (tests/gpu/hstu_forward_check.cu ALL PASS, pytest test_attention.py 275 passed with it on) but
-// measured slower for HSTU in the same run (kernel only, N = 1024 / 2048 / 4096: 148.8 / 179.6 / 201.0
-// against 164.0 / 198.3 / 222.9 TFLOP/s without it: 230 registers and 113 KB of shared memory per block
-// against 177 and 81 KB). Off by default; -DHIPDLRM_SM90_OVERLAP_HSTU=1 builds it.
-#if !defined(HIPDLRM_SM90_OVERLAP_HSTU)
-#define HIPDLRM_SM90_OVERLAP_HSTU 0
-#endif
-// The warp-specialised persistent kernel (below): -DHIPDLRM_SM90_FWD_WS_{HSTU,GDPA}=0/1 choose it per op
-// (default 1); HIPDLRM_SM90_FWD_WS_BN_HSTU its key block for HSTU (64 or 128, default 128; GDPA: 128);
-// HIPDLRM_SM90_FWD_WS_SNAKE its tile order. Kernel-only on the H200, TFLOP/s, HSTU causal N = 1024 / 2048 /
-// 4096 and GDPA N = 1024 gelu / fast_gelu / raw (docs/attention.md has the runs): first kernel 200 / 231 /
-// 249 and 274 / 318 / 384; warp-specialised with 64-key HSTU blocks 211 / 280 / 323 and 322 / 377 / 447;
-// 128-key HSTU blocks 235 / 320 / 367; with the snake order 283 / 333 / 359 and 325 / 385 / 439.
-#if !defined(HIPDLRM_SM90_FWD_WS_HSTU)
-#define HIPDLRM_SM90_FWD_WS_HSTU 1
-#endif
-#if !defined(HIPDLRM_SM90_FWD_WS_GDPA)
-#define HIPDLRM_SM90_FWD_WS_GDPA 1
-#endif
-#if !defined(HIPDLRM_SM90_FWD_WS_BN_HSTU)
-#define HIPDLRM_SM90_FWD_WS_BN_HSTU 128
-#endif
-#if !defined(HIPDLRM_SM90_FWD_WS_SNAKE)
-#define HIPDLRM_SM90_FWD_WS_SNAKE 1
-#endif
-// HIPDLRM_SM90_FWD_WS_TMA=1 (default): the producer loads with TMA where it can (Sm90TmaMaps below); 0: cp.async
-// only (1.3-1.4x slower on the H200: docs/attention.md).
-#if !defined(HIPDLRM_SM90_FWD_WS_TMA)
-#define HIPDLRM_SM90_FWD_WS_TMA 1
-#endif
-template <class V>
-struct Sm90FwdTiles {
-  static constexpr int kBlockN = V::kHstu ? 64 : 128;
-  static constexpr int kWarpgroups = V::kHstu ? 1 : 2;
-  static constexpr bool kOverlap = HIPDLRM_SM90_OVERLAP_HSTU && V::kHstu;  // three stages, S of the next block early
-  static constexpr bool kWs = V::kHstu ? HIPDLRM_SM90_FWD_WS_HSTU != 0 : HIPDLRM_SM90_FWD_WS_GDPA != 0;
-  static constexpr int kWsBlockN = V::kHstu ? HIPDLRM_SM90_FWD_WS_BN_HSTU : 128;
-};
-
-template <int kBN, int kWG, bool kOverlap>
-struct Sm90FwdConfig {
-  static constexpr int kD = 128;
-  static constexpr int kWarpgroups = kWG;
-  static constexpr int kMinBlocks = kWG == 1 ? 2 : 1;
-  static constexpr int kStages = kOverlap ? 3 : 2;
-  static constexpr int kBlockM = 64 * kWarpgroups;
-  static constexpr int kBlockN = kBN;
-  static constexpr int kThreads = 128 * kWarpgroups;
-  static constexpr int kTileQ = kBlockM * kD * 2;   // bytes
-  static constexpr int kTileKV = kBlockN * kD * 2;  // bytes of one k (or v) block
-  static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024;  // + slack to align the tiles to 1024 bytes
-};
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
 
@@ -192,212 +121,40 @@ HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleR
   }
 }
 
-template <typename T, class V, int kBN, int kWG, bool kOverlap>
-__global__ void __launch_bounds__(Sm90FwdConfig<kBN, kWG, kOverlap>::kThreads,
-                                  Sm90FwdConfig<kBN, kWG, kOverlap>::kMinBlocks)
-    attention_forward_sm90_kernel(AttentionForwardArgs args, int num_qblocks) {
-#if defined(HIPDLRM_WGMMA)
-  using Cfg = Sm90FwdConfig<kBN, kWG, kOverlap>;
-  namespace wg = gpu::wgmma;
-  constexpr int kBM = Cfg::kBlockM, kThreads = Cfg::kThreads;
-  constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
-  constexpr int kSRegs = kBN / 2;  // S accumulator registers per thread
-  constexpr int kPSteps = kBN / 16;
-
-  extern __shared__ uint4 smem_raw[];
-  unsigned char* const smem =
-      reinterpret_cast<unsigned char*>((reinterpret_cast<std::uintptr_t>(smem_raw) + 1023) & ~std::uintptr_t{1023});
-  unsigned char* const q_s = smem;
-  unsigned char* const kv_s = smem + Cfg::kTileQ;
-
-  const AttentionProblem& p = args.p;
-  ForwardBlock<T, V> fb;
-  if (!fb.init(args, blockIdx.x, num_qblocks, kBM)) return;
-  const int h = fb.h;
-  const SampleRows rows = fb.rows;
-  const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0;
-  const typename V::Mask mask = fb.mask;
-  const std::int64_t o_stride = fb.o_stride, k_stride = fb.k_stride, v_stride = fb.v_stride, q_stride = fb.q_stride;
-  const T* const qg = fb.qg;
-  const T* const kg = fb.kg;
-  const T* const vg = fb.vg;
-  const T* const rab = fb.rab;
-  const float alpha = fb.alpha;
-
-  const int tid = static_cast<int>(threadIdx.x);
-  const int group = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int w0 = i0 + 64 * group;              // this warpgroup's first query row
-  const int r0 = w0 + 16 * warp + g;           // this thread's rows: r0 and r0 + 8
-  const int num_kblocks = (nkv + kBN - 1) / kBN;
-  auto next_block = [&](int jb) {
-    while (jb < num_kblocks && !mask.tile_any(i0, i0 + kBM, jb * kBN, jb * kBN + kBN)) ++jb;
-    return jb;
-  };
-  auto stage_kv = [&](int block, int stage) {
-    unsigned char* const k_s = kv_s + stage * 2 * Cfg::kTileKV;
-    stage_swizzled<kBN, kThreads>(k_s, kg, static_cast<std::int64_t>(block) * kBN, nkv, k_stride, p.dqk);
-    stage_swizzled<kBN, kThreads>(k_s + Cfg::kTileKV, vg, static_cast<std::int64_t>(block) * kBN, nkv, v_stride,
-                                  p.dv);
-  };
-
-  float o[64];
-#pragma unroll
-  for (int e = 0; e < 64; ++e) o[e] = 0.0f;
-  // q of this warpgroup: 64 rows starting at line 64 * group of each 64-column block.
-  const unsigned char* const q_wg = q_s + 64 * group * 128;
-  auto stage_ptr = [&](int stage) -> const unsigned char* { return kv_s + stage * 2 * Cfg::kTileKV; };
-  auto wg_active = [&](int jb) {
-    return jb < num_kblocks && mask.tile_any(w0, w0 + 64, jb * kBN, jb * kBN + kBN);
-  };
-  // S = q k^T of this warpgroup's rows against the k block at k_s, issued (not awaited).
-  auto issue_s = [&](float (&s)[kSRegs], const unsigned char* k_s) {
-#pragma unroll
-    for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < 8; ++kk) {
-      const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
-      const std::uint64_t db = wg::desc(k_s + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
-      wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
-    }
-    wg::commit();
-  };
-  const Sm90Scores<T, V, kBN> scores{&mask, rab, alpha, w0, r0, t, nq, nkv, p.max_seq_len};
-  auto activate = [&](float (&s)[kSRegs], int j0) { scores.apply(s, j0); };
-  // O += P v with P = s packed into A operands and v at v_s, issued (not awaited).
-  auto issue_pv = [&](const float (&s)[kSRegs], const unsigned char* v_s) {
-    std::uint32_t pa[kPSteps][4];
-    scores.pack(s, pa);
-    wg::fence();
-    wg::fence_regs(o);
-#pragma unroll
-    for (int kk = 0; kk < kPSteps; ++kk)
-      wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
-    wg::commit();
-  };
-
-  stage_swizzled<kBM, kThreads>(q_s, qg, i0, nq, q_stride, p.dqk);
-  int jb = next_block(0);
-  if (jb < num_kblocks) stage_kv(jb, 0);
-  int jn = jb < num_kblocks ? next_block(jb + 1) : num_kblocks;
-  if (kOverlap && jn < num_kblocks) stage_kv(jn, 1);
-  stage_commit();
-  stage_wait<0>();
-  wg::fence_smem_for_async();
-  __syncthreads();
-
-  if constexpr (!kOverlap) {
-    // Two stages: block jb is computed while block jn lands.
-    int stage = 0;
-    while (jb < num_kblocks) {
-      jn = next_block(jb + 1);
-      if (jn < num_kblocks) stage_kv(jn, stage ^ 1);
-      stage_commit();
-      if (wg_active(jb)) {
-        float s[kSRegs];
-        issue_s(s, stage_ptr(stage));
-        wg::wait<0>();
-        wg::fence_regs(s);
-        activate(s, jb * kBN);
-        issue_pv(s, stage_ptr(stage) + Cfg::kTileKV);
-        wg::wait<0>();
-        wg::fence_regs(o);
-      }
-      stage_wait<0>();
-      wg::fence_smem_for_async();
-      __syncthreads();
-      stage ^= 1;
-      jb = jn;
-    }
-  } else {
-    // Three stages: while block jb's S goes through the activation, the tensor cores already compute the
-    // next block's S (its k landed one iteration earlier), and the block after that lands.
-    int cur = 0;
-    float s[kSRegs];
-    bool have_s = wg_active(jb);
-    if (have_s) {
-      issue_s(s, stage_ptr(0));
-      wg::wait<0>();
-      wg::fence_regs(s);
-    }
-    while (jb < num_kblocks) {
-      const int jnn = jn < num_kblocks ? next_block(jn + 1) : num_kblocks;
-      if (jnn < num_kblocks) stage_kv(jnn, cur == 0 ? 2 : cur - 1);
-      stage_commit();
-      const int nxt = cur == 2 ? 0 : cur + 1;
-      float sn[kSRegs];
-      const bool have_sn = wg_active(jn);
-      if (have_sn) issue_s(sn, stage_ptr(nxt));
-      if (have_s) {
-        activate(s, jb * kBN);
-        issue_pv(s, stage_ptr(cur) + Cfg::kTileKV);
-      }
-      wg::wait<0>();
-      wg::fence_regs(o);
-      if (have_sn) {
-        wg::fence_regs(sn);
-#pragma unroll
-        for (int e = 0; e < kSRegs; ++e) s[e] = sn[e];
-      }
-      have_s = have_sn;
-      stage_wait<0>();
-      wg::fence_smem_for_async();
-      __syncthreads();
-      cur = nxt;
-      jb = jn;
-      jn = jnn;
-    }
-  }
-
-  sm90_store_o<T, V>(args, rows, o_stride, h, r0, t, o);
-#else
-  (void)args;
-  (void)num_qblocks;
-#endif
-}
-
-// ---- warp-specialised persistent forward (Sm90FwdTiles::kWs) ------------------------------------------
+// ---- the warp-specialised persistent forward -----------------------------------------------------------
 // Three warpgroups per block, one block per multiprocessor, looping over the (sample, head, 128 query rows)
 // tiles blockIdx.x, blockIdx.x + gridDim.x, ...:
-//   warpgroup 0, the producer (40 registers after setmaxnreg): stages q and the k/v blocks with cp.async into a q buffer and
-//     a ring of kStages k/v stages, each fill announced on an mbarrier when its copies land
-//     (gpu/async_barrier.h); it refills a stage once both consumers released it, and loads the next tile's q
-//     while the consumers finish the current tile.
+//   warpgroup 0, the producer (40 registers after setmaxnreg): stages q and the k/v blocks (TMA where a
+//     block lies wholly inside its sequence, else cp.async) into a q buffer and a ring of kStages k/v
+//     stages, each fill announced on an mbarrier when its copies land (gpu/async_barrier.h); it refills a
+//     stage once both consumers released it, and loads the next tile's q while the consumers finish the
+//     current tile.
 //   warpgroups 1 and 2, the consumers (232 registers), 64 query rows each: per key block j a turn issues
 //     S(j) = q k^T and then O += P(j-1) v (the previous block's P, packed in registers), so the activation of
 //     S(j) runs while the tensor cores compute P(j-1) v; the two consumers take turns (named barriers) so
 //     one's activation also overlaps the other's matrix work. A tile of n key blocks is n + 1 turns for both
 //     consumers; both compute S for every key block of the tile's list (the mask zeroes what is outside a
 //     consumer's rows), so that the turns stay balanced and the wgmma issues need no branch.
-// Tiles come in the order of sm90_tile_order (a snake over rounds of gridDim.x tiles).
+// Key blocks of 128 for both ops: with the activation hidden behind the other consumer's matrix work, the
+// larger block's fewer turns and hand-offs outweigh the extra work it does on HSTU's causal diagonal.
+// Tiles come in the order of gpu::snake_tile (gpu/launch.h; every other round of gridDim.x tiles
+// reversed), so that under a causal mask, where the query blocks of one (sample, head) range from one key
+// block to all of them, a block that got a long tile in one round gets a short one in the next.
 // No __syncthreads in the loop: every hand-off is an mbarrier phase.
-template <int kBN>
 struct Sm90WsConfig {
-  static constexpr int kD = 128, kBlockM = 128, kBlockN = kBN, kThreads = 384;
+  static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kThreads = 384;
   static constexpr int kTileQ = kBlockM * kD * 2, kTileKV = kBlockN * kD * 2;
-  static constexpr int kStages = kBN == 128 ? 3 : 4;
+  static constexpr int kStages = 3;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kBarriers = 2 + 2 * kStages;  // q full / empty, then full / empty per stage
   static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024 + 8 * kBarriers;
 };
 
-// The order in which a block's tiles come: gpu::snake_tile (gpu/launch.h; every other round of gridDim.x
-// tiles reversed), so that under a causal mask, where the query blocks of one (sample, head) range from one
-// key block to all of them, a block that got a long tile in one round gets a short one in the next
-// (HIPDLRM_SM90_FWD_WS_SNAKE=0: plain round robin).
-HIPDLRM_DEVICE std::int64_t sm90_tile_order(std::int64_t tile, std::int64_t num_tiles) {
-#if HIPDLRM_SM90_FWD_WS_SNAKE
-  return gpu::snake_tile(tile, gridDim.x, num_tiles);
-#else
-  (void)num_tiles;
-  return tile;
-#endif
-}
-
-// TMA tensor maps of q, k and v as [rows][heads * 128] (HIPDLRM_SM90_FWD_WS_TMA): with `enabled` the producer
-// loads q tiles and the k/v blocks that lie wholly inside their sequence with one thread's TMA copies; the
-// k/v block at a sequence's end keeps cp.async (whose zero fill the mask-free tiles rely on). q rows past a
-// sequence's end hold the next sequence's rows under TMA: their output rows are never stored.
+// TMA tensor maps of q, k and v as [rows][heads * 128]: with `enabled` the producer loads q tiles and the
+// k/v blocks that lie wholly inside their sequence with one thread's TMA copies (instead of every producer
+// thread's cp.async, which costs the producer issue slots and registers); the k/v block at a sequence's end
+// keeps cp.async (whose zero fill the mask-free tiles rely on). q rows past a sequence's end hold the next
+// sequence's rows under TMA: their output rows are never stored.
 struct Sm90TmaMaps {
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   CUtensorMap q, k, v;
@@ -405,16 +162,16 @@ struct Sm90TmaMaps {
   int enabled = 0;
 };
 
-template <typename T, class V, int kBN>
+template <typename T, class V>
 __global__ void __launch_bounds__(384, 1)
     attention_forward_sm90_ws_kernel(AttentionForwardArgs args, int num_qblocks, std::int64_t num_tiles,
                                      const __grid_constant__ Sm90TmaMaps maps) {
 #if defined(HIPDLRM_WGMMA)
-  using Cfg = Sm90WsConfig<kBN>;
+  using Cfg = Sm90WsConfig;
   namespace wg = gpu::wgmma;
   namespace mb = gpu::mbar;
   constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
-  constexpr int kStages = Cfg::kStages;
+  constexpr int kBN = Cfg::kBlockN, kStages = Cfg::kStages;
   constexpr int kSRegs = kBN / 2, kPSteps = kBN / 16;
 
   extern __shared__ uint4 smem_raw[];
@@ -446,7 +203,7 @@ __global__ void __launch_bounds__(384, 1)
     int fills = 0, q_fills = 0;
     for (std::int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       ForwardBlock<T, V> fb;
-      if (!fb.init(args, sm90_tile_order(tile, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
+      if (!fb.init(args, gpu::snake_tile(tile, gridDim.x, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
       const int nkv = fb.rows.nkv, num_kblocks = (nkv + kBN - 1) / kBN;
       mb::wait(q_empty, (q_fills & 1) ^ 1);
 #if defined(HIPDLRM_HAS_TMA_MAPS)
@@ -508,7 +265,7 @@ __global__ void __launch_bounds__(384, 1)
   int fills = 0, q_fills = 0;
   for (std::int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     ForwardBlock<T, V> fb;
-    if (!fb.init(args, sm90_tile_order(tile, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
+    if (!fb.init(args, gpu::snake_tile(tile, gridDim.x, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
     const SampleRows rows = fb.rows;
     const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0, h = fb.h;
     const int num_kblocks = (nkv + kBN - 1) / kBN;
@@ -613,17 +370,13 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// Whether the wgmma kernels (this forward, attention_backward_sm90.h) serve this problem on the current
-// device (see the header comment).
+// Whether the wgmma kernels (this forward, attention_backward_sm90.h) can serve this problem on the current
+// device: an sm_90a build, a compute-capability 9.0 device and a head dim they are written for. Whether
+// they may is the caller's choice (LaunchOptions::wgmma).
 inline bool sm90_kernels_available(const AttentionProblem& p) {
-#if defined(HIPDLRM_SM90A_KERNELS) && defined(HIPDLRM_PLATFORM_CUDA)
+#if defined(HIPDLRM_SM90A_KERNELS)
   const int d = p.dqk > p.dv ? p.dqk : p.dv;
   if (d <= 64 || d > 128) return false;
-  static const bool disabled = [] {
-    const char* env = std::getenv("HIPDLRM_DISABLE_WGMMA");
-    return env != nullptr && env[0] != '\0' && env[0] != '0';
-  }();
-  if (disabled) return false;
   return gpu::device_compute_capability(gpu::current_device()) == 90;
 #else
   (void)p;
@@ -631,18 +384,19 @@ inline bool sm90_kernels_available(const AttentionProblem& p) {
 #endif
 }
 
-template <typename T, class V, int kBN>
-gpu::status_t launch_attention_forward_sm90_ws_bn(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  using Cfg = Sm90WsConfig<kBN>;
+template <typename T, class V>
+gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  using Cfg = Sm90WsConfig;
+  constexpr int kBN = Cfg::kBlockN;
   const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
   const std::int64_t tiles = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
   if (tiles == 0) return gpu::kSuccess;
-  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_ws_kernel<T, V, kBN>, Cfg::kSmem);
+  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_ws_kernel<T, V>, Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
   const std::int64_t sms = gpu::device_multiprocessors(gpu::current_device());
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
   Sm90TmaMaps maps;
-#if defined(HIPDLRM_HAS_TMA_MAPS) && HIPDLRM_SM90_FWD_WS_TMA
+#if defined(HIPDLRM_HAS_TMA_MAPS)
   {
     const AttentionProblem& p = args.p;
     const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
@@ -657,29 +411,7 @@ gpu::status_t launch_attention_forward_sm90_ws_bn(const AttentionForwardArgs& ar
                                         std::uint64_t(kv_heads) * 128, kBN);
   }
 #endif
-  attention_forward_sm90_ws_kernel<T, V, kBN>
-      <<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks, tiles, maps);
-  return gpu::last_launch_status();
-}
-
-template <typename T, class V>
-gpu::status_t launch_attention_forward_sm90_ws(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  return launch_attention_forward_sm90_ws_bn<T, V, Sm90FwdTiles<V>::kWsBlockN>(args, stream);
-}
-
-template <typename T, class V>
-gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  if constexpr (Sm90FwdTiles<V>::kWs) return launch_attention_forward_sm90_ws<T, V>(args, stream);
-  constexpr int kBN = Sm90FwdTiles<V>::kBlockN, kWG = Sm90FwdTiles<V>::kWarpgroups;
-  constexpr bool kOverlap = Sm90FwdTiles<V>::kOverlap;
-  using Cfg = Sm90FwdConfig<kBN, kWG, kOverlap>;
-  const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const std::int64_t blocks = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
-  if (blocks == 0) return gpu::kSuccess;
-  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_kernel<T, V, kBN, kWG, kOverlap>, Cfg::kSmem);
-  if (st != gpu::kSuccess) return st;
-  attention_forward_sm90_kernel<T, V, kBN, kWG, kOverlap>
-      <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks);
+  attention_forward_sm90_ws_kernel<T, V><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks, tiles, maps);
   return gpu::last_launch_status();
 }
 

@@ -28,7 +28,7 @@ struct SampleRows {
 // sequence ends need no mask, since their q / k / v / dO rows are staged as zeros and act(0) = 0); and
 // first_query(j0), a query below which no query sees key j0 or later.
 
-// One sequence's mask (HSTU's; see hstu.h and docs/attention.md):
+// One sequence's mask (HSTU's; see attention_api.h and docs/attention.md):
 //   id(p) = p, or max(p - c + 1, 0) with a contextual prefix c > 0; with targets id(p) = min(id(p), max_id)
 //   d = id(i) - id(j) (absolute value when not causal)
 //   valid = (i == j or d > 0) [and d <= max_attn_len] [or (id(i) == 0 and id(j) < max_id) when c > 0]

@@ -1,13 +1,13 @@
 // HSTU attention forward: O = (SiLU(alpha q k^T + rab) (.) valid) v * scale, per jagged sequence and head,
 // on the shared forward core (attention_forward.h: thread mapping, matrix-core tiles, AMD choices).
-#include "attention_forward.h"
+#include "kernels/attention/attention_forward.h"
 
 namespace hipdlrm {
 namespace kernels {
 namespace attention {
 
-gpu::status_t hstu_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  return dispatch_attention_forward<HstuVariant>(args, stream);
+gpu::status_t hstu_forward(const AttentionForwardArgs& args, const LaunchOptions& options, gpu::stream_t stream) {
+  return dispatch_attention_forward<HstuVariant>(args, options, stream);
 }
 
 }  // namespace attention

@@ -6,12 +6,14 @@
 //   S = alpha * q_b k_b^T (+ rab[b, :, :n, :n])     P = SiLU(S) * scale (.) valid     O_b = P v_b
 // with the valid mask built from the contract's formula (docs/attention.md). It is written with ATen
 // ops only, so the same code runs on any device; the backward recomputes S and P per sequence.
-#include "attention.h"
+#include "ops/attention/attention.h"
 
 #include <c10/util/Exception.h>
 
-#include "common.h"
-#include "gdpa.h"
+#include <cmath>
+
+#include "ops/attention/common.h"
+#include "ops/attention/gdpa.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -51,6 +53,9 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
   TORCH_CHECK(o.contextual_seq_len >= 0 && o.contextual_seq_len <= kIntMax, op,
               ": contextual_seq_len must be in [0, ", kIntMax, "] (0: no contextual prefix), got ",
               o.contextual_seq_len);
+  TORCH_CHECK(std::isfinite(o.alpha), op, ": alpha must be a finite float, got ", o.alpha);
+  TORCH_CHECK(!o.attn_scale || std::isfinite(*o.attn_scale), op, ": attn_scale must be a finite float, got ",
+              o.attn_scale.value_or(0.0));
   TORCH_CHECK(q.size(1) <= kIntMax, op, ": q has ", q.size(1), " heads; at most ", kIntMax, " are supported");
   if (o.num_targets) {
     check_index_tensor(op, "num_targets", "[B]", *o.num_targets, "q", q);

@@ -1,6 +1,6 @@
 // HSTU attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
 //
-// fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/hstu.h). fp32 and fp64 inputs
+// fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/attention_api.h). fp32 and fp64 inputs
 // take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation, and
 // the composite path is the reference the kernels are tested against. The checks read seq_offsets and
 // num_targets on the host (one small device-to-host copy) so that a bad batch raises a RuntimeError
@@ -14,9 +14,9 @@
 #include <optional>
 #include <tuple>
 
-#include "../../kernels/attention/hstu.h"
-#include "attention.h"
-#include "common_gpu.h"
+#include "kernels/attention/attention_api.h"
+#include "ops/attention/attention.h"
+#include "ops/attention/common_gpu.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -95,7 +95,7 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
   args.v = vc.data_ptr();
   args.out = out.data_ptr();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  check_status(ka::hstu_forward(args, stream), op, "forward kernel launch");
+  check_status(ka::hstu_forward(args, launch_options(), stream), op, "forward kernel launch");
   return out;
 }
 
@@ -135,12 +135,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     args.grad_k = grad_k.data_ptr();
     args.grad_v = grad_v.data_ptr();
     args.grad_q_accum = grad_q_accum.data_ptr<float>();
-    // The wgmma backward's persistent schedule (zeroed by the launcher); other kernels ignore it.
-    const at::Tensor tile_counter = at::empty({1}, q.options().dtype(at::kInt));
-    args.tile_counter = tile_counter.data_ptr<int>();
     args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    check_status(ka::hstu_backward(args, stream), op, "backward kernel launch");
+    check_status(ka::hstu_backward(args, launch_options(), stream), op, "backward kernel launch");
   }
   std::optional<at::Tensor> rab_grad;
   if (rab_requires_grad) rab_grad = grad_rab.to(o.rab->scalar_type());

@@ -5,8 +5,10 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "hipdlrm/gpu/platform.h"
+#include "kernels/attention/attention_api.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -21,6 +23,18 @@ inline at::Tensor kernel_layout(const at::Tensor& t) {
   at::Tensor c = t.contiguous();
   if (reinterpret_cast<std::uintptr_t>(c.data_ptr()) % 16 != 0) c = c.clone();
   return c;
+}
+
+// The kernel choices of every attention launch. HIPDLRM_DISABLE_WGMMA (set and not "0") keeps Hopper on the
+// portable kernels instead of the wgmma ones (README, docs/attention.md); read once, at the first launch.
+inline kernels::attention::LaunchOptions launch_options() {
+  static const bool wgmma = [] {
+    const char* env = std::getenv("HIPDLRM_DISABLE_WGMMA");
+    return env == nullptr || env[0] == '\0' || env[0] == '0';
+  }();
+  kernels::attention::LaunchOptions o;
+  o.wgmma = wgmma;
+  return o;
 }
 
 inline void check_status(gpu::status_t st, const char* op, const char* what) {

@@ -8,14 +8,14 @@
 // CPU fallback computes softmax attention instead; this computes the kernels' function on every device.
 // It is written with ATen ops only, so the same code runs on any device; the backward recomputes S and P
 // per sample.
-#include "gdpa.h"
+#include "ops/attention/gdpa.h"
 
 #include <c10/util/Exception.h>
 
 #include <cmath>
 #include <string>
 
-#include "common.h"
+#include "ops/attention/common.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -59,6 +59,7 @@ void check_options(const char* op, const at::Tensor& query, const GdpaOptions& o
               kIntMax, "], got ", o.max_seq_len_kv);
   TORCH_CHECK(!o.window_size || *o.window_size >= 0, op, ": window_size must be >= 0 (None: no window), got ",
               o.window_size.value_or(0));
+  TORCH_CHECK(std::isfinite(o.qk_scale), op, ": qk_scale must be a finite float, got ", o.qk_scale);
   check_index_tensor(op, "key_offset", "[B + 1]", o.key_offset, "query", query);
   check_index_tensor(op, "query_offset", o.broadcast_q ? "[2] (broadcast_q)" : "[B + 1]", o.query_offset, "query",
                      query);

@@ -1,6 +1,6 @@
 // GDPA attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
 //
-// fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/hstu.h, gdpa_forward /
+// fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/attention_api.h, gdpa_forward /
 // gdpa_backward). fp32 and fp64 inputs take the composite path of gdpa.cpp on the device: the kernels have
 // no fp32 instantiation, and the composite path is the reference the kernels are tested against. The
 // checks read query_offset and key_offset on the host (one small device-to-host copy per call) so that a
@@ -15,10 +15,10 @@
 #include <tuple>
 #include <vector>
 
-#include "../../kernels/attention/hstu.h"
-#include "common.h"
-#include "common_gpu.h"
-#include "gdpa.h"
+#include "kernels/attention/attention_api.h"
+#include "ops/attention/common.h"
+#include "ops/attention/common_gpu.h"
+#include "ops/attention/gdpa.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -112,7 +112,7 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
   args.v = vc.data_ptr();
   args.out = out.data_ptr();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  check_status(ka::gdpa_forward(args, stream), op, "forward kernel launch");
+  check_status(ka::gdpa_forward(args, launch_options(), stream), op, "forward kernel launch");
   return out;
 }
 
@@ -154,11 +154,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   args.grad_k = grad_k.data_ptr();
   args.grad_v = grad_v.data_ptr();
   args.grad_q_accum = grad_q_accum.data_ptr<float>();
-  // The wgmma backward's persistent schedule (zeroed by the launcher); other kernels ignore it.
-  const at::Tensor tile_counter = at::empty({1}, query.options().dtype(at::kInt));
-  args.tile_counter = tile_counter.data_ptr<int>();
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  check_status(ka::gdpa_backward(args, stream), op, "backward kernel launch");
+  check_status(ka::gdpa_backward(args, launch_options(), stream), op, "backward kernel launch");
   return {grad_q, grad_k, grad_v};
 }
 

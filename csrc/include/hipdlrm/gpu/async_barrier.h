@@ -69,28 +69,6 @@ HIPDLRM_DEVICE void tma_load_2d(void* dst, const void* map, int c0, int c1, std:
       : "memory");
 }
 
-// TMA reduction: adds the shared-memory box at `src` (laid out as the map's box, swizzle included) into the
-// box at (column c0, row c1) of the 2D tensor map `map`, as one of this thread's bulk async-groups. The
-// writes to `src` must have been made visible to the async proxy (fence.proxy.async, then a barrier).
-HIPDLRM_DEVICE void tma_reduce_add_2d(const void* map, int c0, int c1, const void* src) {
-  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
-                   reinterpret_cast<std::uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(smem_addr(src))
-               : "memory");
-}
-// Closes this thread's current bulk async-group.
-HIPDLRM_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
-// Until at most kPending of this thread's bulk groups still read their shared-memory sources.
-template <int kPending>
-HIPDLRM_DEVICE void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
-}
-// Until at most kPending of this thread's bulk groups are incomplete.
-template <int kPending>
-HIPDLRM_DEVICE void bulk_wait() {
-  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads: sync waits, arrive does not.
 HIPDLRM_DEVICE void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

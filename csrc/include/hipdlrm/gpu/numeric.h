@@ -187,11 +187,9 @@ HIPDLRM_DEVICE float fast_rcp(float x) {
 
 #if defined(HIPDLRM_PLATFORM_CUDA)
 // tanh.approx.f32 (sm_75+): one MUFU.TANH, relative error about 2^-11 -- enough where the result is rounded
-// to a 16-bit type next (attention's P). CDNA has no tanh instruction; callers keep exp + rcp there.
-// -DHIPDLRM_NO_FAST_TANH turns its users back to exp + rcp (for A/B measurements).
-#if !defined(HIPDLRM_NO_FAST_TANH)
+// to a 16-bit type next (attention's P). CDNA has no tanh instruction; callers keep exp + rcp there, and
+// HIPDLRM_HAS_FAST_TANH says which platform they are on.
 #define HIPDLRM_HAS_FAST_TANH 1
-#endif
 HIPDLRM_DEVICE float fast_tanh(float x) {
   float r;
   asm("tanh.approx.f32 %0, %1;" : "=f"(r) : "f"(x));

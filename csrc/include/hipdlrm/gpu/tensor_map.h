@@ -60,12 +60,6 @@ inline bool make_tma_map_2d(CUtensorMap* map, const void* base, bool bf16, std::
                            cols, rows, ld, box_rows);
 }
 
-// fp32 [rows][cols]: boxes of 32 columns.
-inline bool make_tma_map_2d_f32(CUtensorMap* map, const void* base, std::uint64_t cols, std::uint64_t rows,
-                                std::uint64_t ld, std::uint32_t box_rows) {
-  return encode_tma_map_2d(map, base, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, cols, rows, ld, box_rows);
-}
-
 }  // namespace gpu
 }  // namespace hipdlrm
 #endif

@@ -88,30 +88,14 @@ struct AttentionBackwardArgs {
   // fp32 [rab_batch, rab_heads, N, N], zeroed by the caller, or null when rab needs no gradient (HSTU).
   // Entries outside every sequence's valid region stay zero. The binding casts it to rab's type.
   float* grad_rab = nullptr;
-  // Four bytes of device memory, or null. Non-null: the wgmma backward (sm90) runs a persistent grid (one
-  // block per multiprocessor) that takes its tiles from this counter (the launcher zeroes it on the stream)
-  // and stages the next tile's k / v and first q / dO while it finishes the current one. Null: one block
-  // per tile. Other kernels ignore it.
-  int* tile_counter = nullptr;
-#if defined(HIPDLRM_SM90_BWD_TIMING)
-  // Kernel development only (-DHIPDLRM_SM90_BWD_TIMING in every translation unit): the wgmma backward adds
-  // its per-phase clock64 cycle counts here (Sm90BwdTiming), zeroed by the caller.
-  unsigned long long* timing = nullptr;
-#endif
 };
 
-#if defined(HIPDLRM_SM90_BWD_TIMING)
-// Slots of the cycle counters of -DHIPDLRM_SM90_BWD_TIMING (AttentionBackwardArgs::timing), summed over
-// blocks by thread 0 of each (its own warpgroup's view of each step): tiles; cycles of the prologue (k, v
-// and the first q / dO staged, or awaited where the previous tile prefetched them), of the whole walk and of the epilogue (dK / dV stores); then per step kind
-// (0: thread 0's 64 keys all valid, 1: masked, 2: nothing valid) the count, the cycles of part A (S, dP,
-// activation, dV, dK, dS stored, up to the barrier) and of part B (dQ and its reductions, the next q / dO
-// awaited, up to the barrier).
-enum Sm90BwdTiming : int {
-  kTimBlocks = 0, kTimPrologue, kTimWalk, kTimEpilogue,
-  kTimSteps = 4, kTimPartA = 7, kTimPartB = 10, kTimSlots = 13
+// Kernel choices left to the caller (the binding takes them from the user's options).
+struct LaunchOptions {
+  // Hopper: whether the wgmma kernels (attention_forward_sm90.h, attention_backward_sm90.h) may serve the
+  // problems they are written for; false runs the portable mma.sync kernels everywhere. Ignored elsewhere.
+  bool wgmma = true;
 };
-#endif
 
 // The HSTU names of the same structures.
 using HstuProblem = AttentionProblem;
@@ -120,12 +104,12 @@ using HstuBackwardArgs = AttentionBackwardArgs;
 
 // Enqueue on `stream`. Return the launch status; invalid problems are rejected by the binding, never here.
 // HSTU: SiLU and HstuMask; the GDPA fields must keep their defaults.
-gpu::status_t hstu_forward(const AttentionForwardArgs& args, gpu::stream_t stream);
-gpu::status_t hstu_backward(const AttentionBackwardArgs& args, gpu::stream_t stream);
+gpu::status_t hstu_forward(const AttentionForwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
+gpu::status_t hstu_backward(const AttentionBackwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
 // GDPA: p.activation, p.window, GQA, dense KV and broadcast_q; alpha = 1, no rab, no per-token scale, and
 // the HSTU mask fields at their defaults are ignored (no causal mask).
-gpu::status_t gdpa_forward(const AttentionForwardArgs& args, gpu::stream_t stream);
-gpu::status_t gdpa_backward(const AttentionBackwardArgs& args, gpu::stream_t stream);
+gpu::status_t gdpa_forward(const AttentionForwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
+gpu::status_t gdpa_backward(const AttentionBackwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
 
 }  // namespace attention
 }  // namespace kernels
