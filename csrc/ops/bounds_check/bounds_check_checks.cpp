@@ -1,13 +1,10 @@
-// bounds_check_indices: schema, argument checks, reporting, and the CPU implementation.
-//
-// The CPU implementation is the reference: FBGEMM's CPU algorithm (offsets repaired bag by bag, then
-// each bag's indices checked), written over raw pointers. The GPU path reproduces its results exactly.
-#include "bounds_check.h"
+// bounds_check_indices: argument checks, and a call's Report turned into the FATAL error or the WARNING
+// line. Shared by the CPU reference and the GPU launch, which produce the same Report.
+#include "ops/bounds_check/bounds_check.h"
 
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -16,12 +13,6 @@ namespace hipdlrm {
 namespace ops {
 namespace bounds_check {
 namespace {
-
-std::atomic<void (*)()> g_flush_hook{nullptr};
-
-void flush_pending() {
-  if (auto hook = g_flush_hook.load()) hook();
-}
 
 bool quiet() {
   const char* q = std::getenv("HIPDLRM_QUIET_WARNINGS");
@@ -33,99 +24,7 @@ void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& 
               " but indices is on ", indices.device(), "; all tensors must be on one device");
 }
 
-template <typename index_t>
-Report check_cpu(const std::int64_t* rows, const Layout& layout, index_t* idx, std::int64_t n, index_t* off,
-                 Mode mode) {
-  const std::int64_t nb = layout.total_bags;
-  Report r{};
-  r.first_index_pos = -1;
-  r.first_index_table = -1;
-  r.first_index_bag = -1;
-  r.first_bad_bag = -1;
-  r.last_offset_value = off[nb];
-  const bool last_wrong = static_cast<std::int64_t>(off[nb]) != n;
-
-  auto note_bad_bag = [&](std::int64_t g, std::int64_t s, std::int64_t e) {
-    ++r.offset_repairs;
-    if (r.first_bad_bag < 0) { r.first_bad_bag = g; r.first_bad_bag_start = s; r.first_bad_bag_end = e; }
-  };
-  auto invalid = [n](std::int64_t s, std::int64_t e) { return s < 0 || s > e || e > n; };
-
-  if (mode == kernels::bounds_check::kFatal) {
-    r.offset_repairs = last_wrong ? 1 : 0;
-    for (std::int64_t g = 0; g < nb; ++g)
-      if (invalid(off[g], off[g + 1])) note_bad_bag(g, off[g], off[g + 1]);
-    if (r.offset_repairs != 0) return r;
-  } else {
-    if (last_wrong) { off[nb] = static_cast<index_t>(n); r.offset_repairs = 1; }
-    for (std::int64_t g = 0; g < nb; ++g) {
-      const std::int64_t s = off[g], e = off[g + 1];
-      if (!invalid(s, e)) continue;
-      note_bad_bag(g, s, e);
-      const std::int64_t cs = std::clamp<std::int64_t>(s, 0, n);
-      off[g] = static_cast<index_t>(cs);
-      off[g + 1] = static_cast<index_t>(std::clamp<std::int64_t>(e, cs, n));
-    }
-  }
-
-  for (std::int64_t t = 0; t < layout.num_tables; ++t) {
-    const std::int64_t b0 = layout.b_offsets.empty() ? t * layout.batch_size : layout.b_offsets[t];
-    const std::int64_t b1 = layout.b_offsets.empty() ? (t + 1) * layout.batch_size : layout.b_offsets[t + 1];
-    for (std::int64_t g = b0; g < b1; ++g) {
-      for (std::int64_t i = off[g]; i < static_cast<std::int64_t>(off[g + 1]); ++i) {
-        const std::int64_t v = idx[i];
-        if (v == -1 || (v >= 0 && v < rows[t])) continue;
-        if (r.index_violations++ == 0) {
-          r.first_index_pos = i;
-          r.first_index_value = v;
-          r.first_index_table = t;
-          r.first_index_bag = g - b0;
-          r.first_index_limit = rows[t];
-        }
-        if (mode != kernels::bounds_check::kFatal) idx[i] = 0;
-      }
-    }
-  }
-  return r;
-}
-
-void bounds_check_indices_cpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
-                              std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
-                              const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B) {
-  const Layout layout = check_arguments(rows_per_table, indices, offsets, mode, warning, weights, B_offsets, max_B);
-  const Mode m = static_cast<Mode>(mode);
-  Report r;
-  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "bounds_check_indices_cpu", [&] {
-    r = check_cpu<index_t>(rows_per_table.data_ptr<std::int64_t>(), layout, indices.data_ptr<index_t>(),
-                           indices.numel(), offsets.data_ptr<index_t>(), m);
-  });
-  if (m == kernels::bounds_check::kWarning) warning.fill_(r.offset_repairs + r.index_violations);
-  act_on_report(r, m, layout, indices.numel());
-}
-
-void bounds_check_indices_impl_cpu(const at::Tensor& rows_per_table, const at::Tensor& indices,
-                                   const at::Tensor& offsets, std::int64_t mode, const at::Tensor& warning,
-                                   const c10::optional<at::Tensor>& weights,
-                                   const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B,
-                                   bool /*per_thread_atomics: a GPU-kernel choice*/) {
-  bounds_check_indices_cpu(rows_per_table, indices, offsets, mode, warning, weights, B_offsets, max_B);
-}
-
 }  // namespace
-
-void set_flush_hook(void (*hook)()) { g_flush_hook.store(hook); }
-
-void define(torch::Library& m) {
-  m.def(
-      "bounds_check_indices(Tensor rows_per_table, Tensor(a!) indices, Tensor(b!) offsets, int bounds_check_mode, "
-      "Tensor(c!) warning, Tensor(d!)? weights=None, Tensor? B_offsets=None, SymInt max_B=-1) -> ()");
-  // The same op with the kernel's counting strategy exposed, for the benchmark's ablation.
-  m.def(
-      "_bounds_check_indices_impl(Tensor rows_per_table, Tensor(a!) indices, Tensor(b!) offsets, "
-      "int bounds_check_mode, Tensor(c!) warning, Tensor(d!)? weights, Tensor? B_offsets, SymInt max_B, "
-      "bool per_thread_atomics) -> ()");
-  m.def("_flush_bounds_check_warnings() -> ()", &flush_pending);
-}
 
 Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
                        std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
@@ -153,6 +52,10 @@ Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indic
   check_same_device(warning, "warning", indices);
   if (weights.has_value()) {
     check_same_device(*weights, "weights", indices);
+    const at::ScalarType wt = weights->scalar_type();
+    TORCH_CHECK(wt == at::kFloat || wt == at::kHalf || wt == at::kBFloat16 || wt == at::kDouble,
+                "bounds_check_indices: weights (per-sample weights) must be float32, float16, bfloat16 or float64, "
+                "got ", wt);
     TORCH_CHECK(weights->numel() == indices.numel(), "bounds_check_indices: weights must have one entry per index (",
                 indices.numel(), "), got ", weights->numel());
   }
@@ -190,6 +93,13 @@ Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indic
     layout.batch_size = layout.total_bags / T;
   }
   return layout;
+}
+
+void check_rows_per_table_values(const at::Tensor& rows_per_table) {
+  const std::int64_t* rows = rows_per_table.data_ptr<std::int64_t>();
+  for (std::int64_t t = 0; t < rows_per_table.numel(); ++t)
+    TORCH_CHECK(rows[t] >= 0, "bounds_check_indices: rows_per_table[", t, "] = ", rows[t],
+                "; every table's row count must be >= 0");
 }
 
 std::pair<std::int64_t, std::int64_t> locate_bag(const Layout& layout, std::int64_t g) {
@@ -238,11 +148,6 @@ void act_on_report(const Report& r, Mode mode, const Layout& layout, std::int64_
   line << "\n";
   std::fputs(line.str().c_str(), stderr);
   std::fflush(stderr);
-}
-
-TORCH_LIBRARY_IMPL(hipdlrm, CPU, m) {
-  m.impl("bounds_check_indices", &bounds_check_indices_cpu);
-  m.impl("_bounds_check_indices_impl", &bounds_check_indices_impl_cpu);
 }
 
 }  // namespace bounds_check
