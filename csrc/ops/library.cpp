@@ -2,10 +2,10 @@
 // Kernels for each dispatch key are registered in the family's folder (TORCH_LIBRARY_IMPL per key).
 #include <torch/library.h>
 
-#include "attention/attention.h"
-#include "bounds_check/bounds_check.h"
-#include "group_index_select/group_index_select.h"
-#include "tbe/tbe.h"
+#include "ops/attention/attention.h"
+#include "ops/bounds_check/bounds_check.h"
+#include "ops/group_index_select/group_index_select.h"
+#include "ops/tbe/tbe.h"
 
 TORCH_LIBRARY(hipdlrm, m) {
   hipdlrm::ops::attention::define(m);

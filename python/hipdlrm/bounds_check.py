@@ -7,7 +7,8 @@ mutates `indices`, `offsets` and `warning` in place (see docs/bounds_check.md).
 """
 import atexit
 import enum
-from typing import Optional
+import operator
+from typing import Optional, Union
 
 import torch
 
@@ -32,11 +33,32 @@ def _bounds_check_indices_impl_fake(rows_per_table, indices, offsets, bounds_che
     return None
 
 
+def _as_mode(bounds_check_mode) -> BoundsCheckMode:
+    """A BoundsCheckMode member, an integer equal to one, or a member's name in any case; nothing else."""
+    if isinstance(bounds_check_mode, BoundsCheckMode):
+        return bounds_check_mode
+    choices = ", ".join(f"{m.name} ({m.value})" for m in BoundsCheckMode)
+    if isinstance(bounds_check_mode, str):
+        try:
+            return BoundsCheckMode[bounds_check_mode.upper()]
+        except KeyError:
+            pass
+    elif not isinstance(bounds_check_mode, bool):  # True would silently mean WARNING
+        try:
+            return BoundsCheckMode(operator.index(bounds_check_mode))  # ints, numpy ints; not floats
+        except (TypeError, ValueError):
+            pass
+    raise ValueError(
+        f"bounds_check_indices: bounds_check_mode must be a BoundsCheckMode, its value or its name: {choices}; "
+        f"got {bounds_check_mode!r}"
+    )
+
+
 def bounds_check_indices(
     rows_per_table: torch.Tensor,
     indices: torch.Tensor,
     offsets: torch.Tensor,
-    bounds_check_mode: BoundsCheckMode = BoundsCheckMode.WARNING,
+    bounds_check_mode: Union[BoundsCheckMode, int, str] = BoundsCheckMode.WARNING,
     warning: Optional[torch.Tensor] = None,
     weights: Optional[torch.Tensor] = None,
     B_offsets: Optional[torch.Tensor] = None,
@@ -46,11 +68,13 @@ def bounds_check_indices(
 
     `warning` (a one-element int64 tensor, allocated on indices' device when not given) receives, in
     WARNING mode, the number of problems found: out-of-range indices, repaired bags, a wrong last offset.
+    `bounds_check_mode` is a BoundsCheckMode, its int value or its name (any case, e.g. "warning").
     """
+    mode = _as_mode(bounds_check_mode)
     if warning is None:
         warning = torch.zeros(1, dtype=torch.int64, device=indices.device)
     torch.ops.hipdlrm.bounds_check_indices(
-        rows_per_table, indices, offsets, int(bounds_check_mode), warning, weights, B_offsets, max_B
+        rows_per_table, indices, offsets, int(mode), warning, weights, B_offsets, max_B
     )
     return warning
 

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ops/common/deferred_report.h"
+
 namespace {
 
 void bounds_check(const at::Tensor& rows, const at::Tensor& indices, const at::Tensor& offsets, int64_t mode,
@@ -78,4 +80,34 @@ TEST(BoundsCheckCpu, BadArgumentsNameTheArgument) {
   } catch (const c10::Error& e) {
     EXPECT_NE(std::string(e.what()).find("offsets"), std::string::npos);
   }
+}
+
+TEST(BoundsCheckCpu, NegativeRowCountNamesRowsPerTableAndWritesNothing) {
+  auto rows = i64({10, -3});
+  auto indices = i64({1, 20, 3, 4});
+  auto offsets = i64({0, 2, 3, 4, 4});
+  auto warning = i64({7});
+  try {
+    bounds_check(rows, indices, offsets, 1, warning);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rows_per_table[1] = -3"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(torch::equal(indices, i64({1, 20, 3, 4})));
+  EXPECT_TRUE(torch::equal(offsets, i64({0, 2, 3, 4, 4})));
+  EXPECT_EQ(warning.item<int64_t>(), 7);
+}
+
+// The flush op runs what the GPU backends registered with the shared deferred-report registry; a CPU
+// build has the op too.
+TEST(BoundsCheckCpu, FlushOpRunsRegisteredFlushes) {
+  static int runs = 0;
+  hipdlrm::ops::common::register_flush([] { ++runs; });
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("hipdlrm::_flush_bounds_check_warnings", "")
+                       .typed<void()>();
+  const int before = runs;
+  op.call();
+  op.call();
+  EXPECT_EQ(runs, before + 2);
 }

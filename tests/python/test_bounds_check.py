@@ -771,6 +771,9 @@ ERROR_CASES = {
     "weights_too_long": (False, _set("weights", lambda a: torch.rand(a["indices"].numel() + 1,
                                                                      device=a["indices"].device)), "weights"),
     "weights_too_short": (False, _set("weights", lambda a: a["weights"][:-1].clone()), "weights"),
+    "weights_int64": (False, _set("weights", lambda a: torch.ones_like(a["weights"], dtype=torch.int64)), "weights"),
+    "weights_bool": (False, _set("weights", lambda a: torch.ones_like(a["weights"], dtype=torch.bool)), "weights"),
+    "weights_complex": (False, _set("weights", lambda a: a["weights"].to(torch.complex64)), "weights"),
     "rows_per_table_int32": (False, _set("rows_per_table", lambda a: a["rows_per_table"].int()), "rows_per_table"),
     "B_offsets_len": (True, _vbe_bad_B_offsets("len"), "B_offsets"),
     "B_offsets_int64": (True, _vbe_bad_B_offsets("dtype"), "B_offsets"),
@@ -795,6 +798,21 @@ def test_invalid_arguments(device, name):
     ok = _valid_args(device, vbe)
     _call(ok)
     assert ok["warning"].item() == 0
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS.get)
+def test_negative_rows_per_table_cpu(mode):
+    """CPU path: a negative row count is an error naming rows_per_table, raised before anything is written.
+    (On the GPU the values are not read on the host; see docs/bounds_check.md.)"""
+    a = _valid_args("cpu")
+    a["mode"] = mode
+    a["rows_per_table"] = a["rows_per_table"].clone()
+    a["rows_per_table"][1] = -3
+    before = {k: a[k].clone() for k in ("indices", "offsets", "warning", "weights")}
+    with pytest.raises(RuntimeError, match=r"rows_per_table\[1\] = -3"):
+        _call(a)
+    for k, v in before.items():
+        assert torch.equal(a[k], v), f"{k} was written"
 
 
 @requires_gpu
@@ -859,6 +877,33 @@ def test_bounds_check_mode_enum():
     M = hipdlrm.BoundsCheckMode
     assert issubclass(M, enum.IntEnum)
     assert (int(M.FATAL), int(M.WARNING), int(M.IGNORE)) == (0, 1, 2)
+
+
+@pytest.mark.parametrize("given", [hipdlrm.BoundsCheckMode.IGNORE, 2, "ignore", "IGNORE", "Ignore"],
+                         ids=["member", "int", "lower", "upper", "mixed"])
+def test_wrapper_accepts_mode_forms(given):
+    case = make_case(_seed("mode_forms"), rate=0.3, weights=False)
+    exp_idx, exp_off, exp_w, _ = reference(case, IGNORE)
+    dev = case.to("cpu")
+    warning = new_warning("cpu")
+    hipdlrm.bounds_check_indices(dev.rows_per_table, dev.indices, dev.offsets, given, warning)
+    assert_same(warning, exp_w, "warning")  # IGNORE leaves it alone (WARNING would reset it)
+    assert_same(dev.indices, exp_idx, "indices")
+    assert_same(dev.offsets, exp_off, "offsets")
+
+
+@pytest.mark.parametrize("given", [1.7, 1.0, "1", "warn", "", 3, -1, True, None],
+                         ids=["float", "float_integral", "digit_string", "bad_name", "empty", "3", "minus1", "bool",
+                              "none"])
+def test_wrapper_rejects_other_modes(given):
+    case = make_case(_seed("mode_bad"), rate=0.3, weights=False)
+    dev = case.to("cpu")
+    before = (dev.indices.clone(), dev.offsets.clone())
+    warning = new_warning("cpu")
+    with pytest.raises(ValueError, match=r"bounds_check_mode .*FATAL \(0\), WARNING \(1\), IGNORE \(2\); got"):
+        hipdlrm.bounds_check_indices(dev.rows_per_table, dev.indices, dev.offsets, given, warning)
+    assert torch.equal(dev.indices, before[0]) and torch.equal(dev.offsets, before[1])
+    assert warning.item() == WARNING_INIT
 
 
 @pytest.mark.parametrize("device", devices)

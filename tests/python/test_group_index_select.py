@@ -644,6 +644,16 @@ def _errors(device):
     }
 
 
+def test_raw_ops_empty_group_is_a_clear_error():
+    """No tensor in the lists: no device to dispatch on; the error names the empty argument, not the
+    dispatcher's "no tensor arguments"."""
+    for call, name in [(lambda: OP([], []), "input_group"),
+                       (lambda: IMPL([], [], 0, 2, None), "input_group"),
+                       (lambda: BACKWARD([], [], [], 2, False, True), "grad_output_group")]:
+        with pytest.raises(RuntimeError, match=name + " is empty; the group needs at least one tensor"):
+            call()
+
+
 @pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("name", list(_errors("cpu")))
 def test_invalid_arguments(device, name):

@@ -37,27 +37,17 @@ using gpu::MinOp;
 using gpu::SumOp;
 
 constexpr int kBlock = 256;
-// Tuning knobs of the index pass, fixed here from same-run A/Bs on the H200 (docs/bounds_check.md); the
-// macros exist for those A/Bs (tests/gpu/bounds_check_bench.cu, scripts/bc_stream_run.sh).
-#ifndef HIPDLRM_BC_UNROLL
-#define HIPDLRM_BC_UNROLL 4
-#endif
-#ifndef HIPDLRM_BC_POOL
+// Vectors in flight per thread in the index pass: four keep it at 4 resident blocks of 256 per
+// multiprocessor on Hopper without spills; more in flight did not pay for the lost occupancy.
+constexpr int kUnroll = 4;
+// Share (per mille) of the index vectors handed out one step at a time from a shared counter after each
+// block's own contiguous range (see "Work split" in check_indices_kernel). None on CDNA: not measured
+// there, and the counter would be a global atomic hit by every block across the XCDs, which DESIGN.md's
+// rule avoids, so CDNA keeps equal contiguous ranges.
 #if defined(HIPDLRM_PLATFORM_HIP)
-// CDNA: not measured (no AMD GPU here), and the shared counter would be a global atomic contended by every
-// block across the XCDs, which DESIGN.md's rule avoids: the equal contiguous ranges alone, as before.
-#define HIPDLRM_BC_POOL 0
+constexpr int kPoolPerMille = 0;
 #else
-#define HIPDLRM_BC_POOL 500
-#endif
-#endif
-// 1: the index pass checks its own range while the offsets pass runs (sm_90; see "Speculation").
-#ifndef HIPDLRM_BC_SPECULATE
-#define HIPDLRM_BC_SPECULATE 1
-#endif
-constexpr int kUnroll = HIPDLRM_BC_UNROLL;     // vectors in flight per thread (4: 64 registers, 4 blocks per SM on the H200)
-#if HIPDLRM_BC_POOL > 0
-constexpr int kPoolPerMille = HIPDLRM_BC_POOL; // share of the index vectors handed out step by step from a counter
+constexpr int kPoolPerMille = 500;
 #endif
 constexpr int kMaxBlocksPerSM = 8;    // upper bound of residency, sizes the per-block records
 constexpr int kBagsPerThread = 8;     // offsets pass
@@ -129,7 +119,7 @@ HIPDLRM_DEVICE std::int64_t first_bag_of(const Problem<index_t>& p, std::int64_t
 // answer; needed while the pass speculates (the offsets pass may still repair offsets; see
 // "Speculation" in check_indices_kernel) and, once it has, for the rest of a pass that speculated.
 // Otherwise an ordinary load: the table boundaries are re-read at every table a thread enters and stay
-// in L1 (volatile loads there measured ~3 us slower on the H200 workload).
+// in L1, where a volatile load would go to L2 each time.
 template <typename index_t>
 HIPDLRM_DEVICE std::int64_t offset_at(const Problem<index_t>& p, std::int64_t k, bool fresh) {
   return fresh ? static_cast<std::int64_t>(*static_cast<const volatile index_t*>(p.offsets + k))
@@ -341,7 +331,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   std::int64_t count = 0, first_pos = kNone, first_value = 0, first_table = 0;
   // Speculation (below). 0: speculating; 1: the offsets pass has finished (and its verdict was read);
   // 2: ... and it repaired offsets.
-  constexpr bool kSpeculate = gpu::kDependentLaunchOverlaps && HIPDLRM_BC_SPECULATE;
+  constexpr bool kSpeculate = gpu::kDependentLaunchOverlaps;
   int offsets_state = 0;
   auto fresh_offsets = [&]() { return kSpeculate && offsets_state != 1; };
 
@@ -367,18 +357,15 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
   // Work split: each block first streams its own contiguous range of whole steps (kBlock x kUnroll
   // vectors), the same size for every block, covering (1000 - kPoolPerMille) per mille of the vectors;
   // the rest is handed out one step at a time from a counter to whichever blocks finish first. A vector
-  // with a repaired index is written back once, whole. Chosen from same-run A/Bs on the H200
-  // (docs/bounds_check.md): contiguous ranges are fastest with no violations (DRAM pages), the shared
-  // steps balance the blocks, whose speeds differ, and are faster when scattered violations make every
-  // other sector a write-back; half and half is within ~1 us of the best 0% time and meets 60% of the
-  // copy bandwidth at every random rate.
+  // with a repaired index is written back once, whole. Contiguous ranges are fastest with no violations
+  // (whole DRAM pages per block); the shared steps balance blocks whose speeds differ, and win when
+  // scattered violations make every other sector a write-back. Half and half keeps nearly all of the
+  // clean case's speed (docs/bounds_check.md).
   const std::int64_t num_vecs = n / kVec;
-#if HIPDLRM_BC_POOL > 0
-  const std::int64_t per_block = (num_vecs * (1000 - kPoolPerMille) / 1000 / gridDim.x) / kStep * kStep;
+  const std::int64_t per_block =
+      kPoolPerMille > 0 ? (num_vecs * (1000 - kPoolPerMille) / 1000 / gridDim.x) / kStep * kStep
+                        : (num_vecs + gridDim.x - 1) / gridDim.x;
   const std::int64_t pool_begin = per_block * gridDim.x;
-#else
-  const std::int64_t per_block = (num_vecs + gridDim.x - 1) / gridDim.x;  // no shared steps
-#endif
   const std::int64_t vbegin = static_cast<std::int64_t>(blockIdx.x) * per_block;
   std::int64_t vend = vbegin + per_block < num_vecs ? vbegin + per_block : num_vecs;
   const Vec* const vecs = reinterpret_cast<const Vec*>(p.indices);
@@ -511,8 +498,7 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
     }
     apply_step(buf, v0, bad, table);
   }
-#if HIPDLRM_BC_POOL > 0
-  {
+  if constexpr (kPoolPerMille > 0) {
     __shared__ unsigned s_chunk;
     for (;;) {
       if (threadIdx.x == 0) s_chunk = gpu::atomic_inc_ticket(&ws.counters->pool_next);
@@ -529,7 +515,6 @@ __global__ void __launch_bounds__(kBlock) check_indices_kernel(Problem<index_t> 
       apply_step(buf, v0, bad, table);
     }
   }
-#endif
   // The last few indices (fewer than a vector) go to the last block, one per thread.
   if (blockIdx.x == gridDim.x - 1) {
     for (std::int64_t i = num_vecs * kVec + threadIdx.x; i < n; i += kBlock) {

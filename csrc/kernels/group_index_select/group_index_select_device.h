@@ -136,10 +136,10 @@ HIPDLRM_DEVICE void with_shape(int group_width, int vec_bytes, F&& f) {
 }
 
 // Positions per validating thread per pass, their loads in flight together. NVIDIA: 4 -- free, the
-// gather's registers (124 on sm_90) already cover them, and the default group is then one pass on an
-// H200. AMD: 1 -- the kernel is charged the VGPRs of its hungriest part, and each extra position in
-// flight costs ~12 (gfx942: 78 / 90 / 126 VGPRs for 1 / 2 / 4), occupancy the gather would lose, while
-// a CDNA GPU's resident grid (MI300X: 1824 blocks of 256) covers the default group in one pass anyway.
+// gather's registers already cover them, and the default group is then one pass on Hopper. AMD: 1 --
+// the kernel is charged the VGPRs of its hungriest part, and each extra position in flight adds VGPRs,
+// occupancy the gather would lose, while a CDNA GPU's resident grid covers the default group in one
+// pass anyway.
 #if defined(HIPDLRM_PLATFORM_HIP)
 constexpr int kValidatePerThread = 1;
 #else

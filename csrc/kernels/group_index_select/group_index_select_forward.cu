@@ -10,8 +10,8 @@
 // Widths that are not a multiple of the vector fall back to narrower vectors (down to one element).
 //
 // AMD-specific choice: on a wave64, rows of 32 or more vectors still get 32-lane groups, so every wave
-// copies two rows at once through emulated 32-lane warps (the paper measured 1.16-1.24x over one row
-// per wave64 on CDNA: twice the independent rows, and index loads, in flight per wave). A 64-lane group
+// copies two rows at once through emulated 32-lane warps (faster than one row per wave64 on CDNA in
+// the paper this project follows: twice the independent rows, and index loads, in flight per wave). A 64-lane group
 // remains available for that ablation (group_width = 64) and is compiled for wave64 targets only.
 //
 // Fixed cost per call: the member descriptors of a group of up to kInlineMembers members are a kernel
@@ -37,10 +37,10 @@ __global__ void __launch_bounds__(kBlock)
   validate_indices(members, num_members, total, validation);
 }
 
-// Wide rows whose loads are in flight together. NVIDIA: all kRowsPerGroup (16 vectors per lane; 120
-// registers on sm_90, within the 128 of the launch bound, no spill), to cover the latency with the 16
-// warps per SM that the register budget leaves. AMD: 1 -- two rows per wave64 already, and at 4 rows
-// gfx942 needs 162 VGPRs and spills (78 at 1).
+// Wide rows whose loads are in flight together. NVIDIA: all kRowsPerGroup (16 vectors per lane, within
+// the 128 registers of the launch bound, no spill), to cover the latency with the 16 warps per SM that
+// the register budget leaves. AMD: 1 -- two rows per wave64 already, and more rows in flight spill on
+// gfx942.
 #if defined(HIPDLRM_PLATFORM_HIP)
 constexpr int kWideRows = 1;
 #else
@@ -125,8 +125,8 @@ HIPDLRM_DEVICE void gather_task(const Member& m, std::int64_t local_task) {
 //
 // The second launch bound asks NVIDIA for at least 2 blocks (16 warps) per SM, i.e. at most 128
 // registers: ptxas then keeps the member fields and several rows' vectors in registers without spilling,
-// for both descriptor sources alike (unbounded, it spilled the device-table variant at 80 registers; at
-// 3 blocks per SM both spill). On AMD the same argument is a minimum of 2 waves per SIMD, below what the
+// for both descriptor sources alike (unbounded, it spilled the device-table variant; at 3 blocks per SM
+// both spill). On AMD the same argument is a minimum of 2 waves per SIMD, below what the
 // kernel's VGPR count allows anyway: no effect there.
 template <typename Table>
 __global__ void __launch_bounds__(kBlock, 2)

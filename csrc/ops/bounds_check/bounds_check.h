@@ -1,13 +1,19 @@
-// bounds_check_indices: schema, argument checks and the CPU implementation shared by every backend.
+// bounds_check_indices: what the CPU and GPU bindings share.
+//
+//   bounds_check.cpp         schemas
+//   bounds_check_checks.cpp  argument checks, and the report of a call turned into an error or a line
+//   bounds_check_cpu.cpp     the CPU reference
+//   bounds_check_gpu.cpp     the GPU launch (CUDA / ROCm builds only)
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <string>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
-#include "../../kernels/bounds_check/bounds_check_types.h"
+#include "kernels/bounds_check/bounds_check_types.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -27,19 +33,19 @@ struct Layout {
 };
 
 // Validates every argument (dtype, rank, device, lengths, B_offsets values) and throws a RuntimeError
-// naming the argument otherwise.
+// naming the argument otherwise. Reads no value of rows_per_table (on a GPU that would be a host sync).
 Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
                        std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
                        const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B);
+
+// Every row count >= 0, for a rows_per_table in host memory.
+void check_rows_per_table_values(const at::Tensor& rows_per_table);
 
 // After a call: FATAL throws with the first problem; WARNING prints one line when something was wrong.
 void act_on_report(const Report& r, Mode mode, const Layout& layout, std::int64_t num_indices);
 
 // Global (table-major) bag id -> (table, bag within table).
 std::pair<std::int64_t, std::int64_t> locate_bag(const Layout& layout, std::int64_t global_bag);
-
-// Registered by the GPU backend: prints the WARNING lines still pending; blocks until their calls end.
-void set_flush_hook(void (*hook)());
 
 }  // namespace bounds_check
 }  // namespace ops

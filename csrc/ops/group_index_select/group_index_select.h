@@ -1,14 +1,17 @@
-// group_index_select_dim0: schemas, argument checks and the CPU implementation shared by every backend.
+// group_index_select_dim0: what the CPU and GPU bindings share.
+//
+//   group_index_select.cpp           schemas, and the fallback for a group with no tensor
+//   group_index_select_checks.cpp    argument checks, the out-of-range index error, shape helpers
+//   group_index_select_cpu.cpp       the CPU reference
+//   group_index_select_gpu.cpp       the GPU launch (CUDA / ROCm builds only)
+//   group_index_select_autograd.cpp  the autograd formulas, for every backend
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include <cstdint>
-#include <string>
 #include <vector>
-
-#include "../../kernels/group_index_select/group_index_select_plan.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -23,6 +26,9 @@ struct GroupLayout {
   std::vector<std::int64_t> rows;       // input rows
   std::vector<std::int64_t> row_elems;  // trailing dims flattened
 };
+
+// At least one tensor in the group `name`.
+void check_not_empty(at::TensorList values, const char* name, const char* op);
 
 // Forward arguments: equal group lengths, one floating dtype (fp32, fp16, bf16, fp64) and one device for
 // every tensor, inputs of rank >= 1, 1-D int32/int64 indices. Throws a RuntimeError naming the argument.
@@ -39,8 +45,6 @@ void check_knobs(std::int64_t group_width, std::int64_t cache_slots, const char*
 // The error raised for the first (member-major, then position) out-of-range index.
 [[noreturn]] void throw_bad_index(const char* op, std::size_t member, std::int64_t position, std::int64_t value,
                                   std::int64_t rows);
-
-kernels::group_index_select::DType kernel_dtype(at::ScalarType t);
 
 // t.contiguous() for each tensor (no copy for those already contiguous).
 std::vector<at::Tensor> contiguous_all(at::TensorList ts);

@@ -20,7 +20,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "group_index_select.h"
+#include "ops/group_index_select/group_index_select.h"
 
 namespace hipdlrm {
 namespace ops {

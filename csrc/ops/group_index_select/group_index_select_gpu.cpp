@@ -14,18 +14,14 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <atomic>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <optional>
-#include <thread>
-#include <tuple>
 #include <utility>
 #include <vector>
 
-#include "../../kernels/group_index_select/group_index_select.h"
-#include "group_index_select.h"
+#include "kernels/group_index_select/group_index_select.h"
+#include "ops/common/deferred_report_gpu.h"
+#include "ops/group_index_select/group_index_select.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -34,8 +30,15 @@ namespace {
 
 namespace kgis = kernels::group_index_select;
 
-void check_status(cudaError_t st, const char* op, const char* what) {
-  TORCH_CHECK(st == cudaSuccess, op, ": ", what, " failed: ", cudaGetErrorString(st));
+using common::check_status;
+
+kgis::DType kernel_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return kgis::DType::kFloat16;
+    case at::kBFloat16: return kgis::DType::kBFloat16;
+    case at::kDouble: return kgis::DType::kFloat64;
+    default: return kgis::DType::kFloat32;
+  }
 }
 
 kgis::LaunchConfig launch_config(const at::Device& device, const char* op) {
@@ -55,85 +58,34 @@ at::Tensor upload(const kgis::Plan& plan, const at::Device& device) {
   return host.to(device, /*non_blocking=*/true);
 }
 
-// 8-byte words of mapped pinned host memory that a kernel writes and the host reads, one per call in
-// flight. Allocated a page at a time, kept for the life of the process.
-class ResultWords {
- public:
-  struct Word {
-    std::uint64_t* host = nullptr;
-    std::uint64_t* device = nullptr;
-  };
-
-  static ResultWords& instance() {
-    static ResultWords words;
-    return words;
-  }
-
-  Word acquire(const char* op) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_.empty()) grow(op);
-    const Word w = free_.back();
-    free_.pop_back();
-    return w;
-  }
-
-  void release(const Word& w) {
-    std::lock_guard<std::mutex> lock(mu_);
-    free_.push_back(w);
-  }
-
- private:
-  static constexpr std::size_t kPageWords = 512;
-
-  void grow(const char* op) {
-    void* host = nullptr;
-    check_status(cudaHostAlloc(&host, kPageWords * sizeof(std::uint64_t), cudaHostAllocMapped | cudaHostAllocPortable),
-                 op, "cudaHostAlloc");
-    void* device = nullptr;
-    check_status(cudaHostGetDevicePointer(&device, host, 0), op, "cudaHostGetDevicePointer");
-    for (std::size_t i = 0; i < kPageWords; ++i)
-      free_.push_back(Word{static_cast<std::uint64_t*>(host) + i, static_cast<std::uint64_t*>(device) + i});
-  }
-
-  std::mutex mu_;
-  std::vector<Word> free_;
-};
-
 // The validation's device words {first_bad = kNoBadIndex, ticket = 0} of one stream. Calls on one
 // stream run their kernels one after another and every validation leaves the words as it found them,
-// so one pair per stream serves every call on it; it is initialised on that stream before its first
-// use. The per-thread default stream is one handle for many streams, so it is keyed by thread as well.
-// Kept for the process (never destroyed: a CUDA tensor must not outlive the allocator at exit).
-kgis::Validation device_words(const at::Device& device, cudaStream_t stream) {
-  using Key = std::tuple<int, cudaStream_t, std::thread::id>;
-  static std::mutex mu;
-  static auto* buffers = new std::map<Key, at::Tensor>();
-  const std::thread::id thread = stream == cudaStreamPerThread ? std::this_thread::get_id() : std::thread::id();
-  std::lock_guard<std::mutex> lock(mu);
-  at::Tensor& buf = (*buffers)[Key{device.index(), stream, thread}];
-  if (!buf.defined()) {
-    buf = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device));
-    buf.narrow(0, 0, 1).fill_(-1);  // all bits set: kNoBadIndex
-  }
+// so one pair per stream serves every call on it; it is initialised on that stream before its first use.
+kgis::Validation device_words(const at::Device& device, gpu::stream_t stream) {
+  auto* words = static_cast<std::int64_t*>(common::stream_state("group_index_select validation", device, stream, [&] {
+    at::Tensor b = at::zeros({2}, at::TensorOptions().dtype(at::kLong).device(device));
+    b.narrow(0, 0, 1).fill_(-1);  // all bits set: kNoBadIndex
+    return b;
+  }));
   kgis::Validation v;
-  v.first_bad = reinterpret_cast<std::uint64_t*>(buf.data_ptr<std::int64_t>());
-  v.ticket = reinterpret_cast<unsigned*>(buf.data_ptr<std::int64_t>() + 1);
+  v.first_bad = reinterpret_cast<std::uint64_t*>(words);
+  v.ticket = reinterpret_cast<unsigned*>(words + 1);
   return v;
 }
 
 // The index validation of one call, from the launch that runs it to the error it may raise.
 class IndexCheck {
  public:
-  IndexCheck(const at::Device& device, cudaStream_t stream, const char* op) : op_(op), stream_(stream) {
+  IndexCheck(const at::Device& device, gpu::stream_t stream, const char* op) : op_(op), stream_(stream) {
     // A captured launch does not run, so nothing would ever answer the wait (and an error could only
     // surface at replay, where nothing can raise it).
-    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-    check_status(cudaStreamIsCapturing(stream, &capture), op, "cudaStreamIsCapturing");
-    TORCH_CHECK(capture == cudaStreamCaptureStatusNone, op,
+    bool capturing = false;
+    check_status(gpu::stream_is_capturing(stream, &capturing), op, "querying graph capture");
+    TORCH_CHECK(!capturing, op,
                 ": the out-of-range index check cannot run during CUDA graph capture (it must raise before the "
                 "call returns); call the op outside the captured region");
     validation_ = device_words(device, stream);
-    word_ = ResultWords::instance().acquire(op);
+    word_ = common::MappedWords::instance().acquire(op);
     *static_cast<volatile std::uint64_t*>(word_.host) = kgis::kResultPending;
     validation_.result = word_.device;
   }
@@ -142,7 +94,7 @@ class IndexCheck {
 
   // A word that a launched kernel may still write is never reused (only after a failure elsewhere).
   ~IndexCheck() {
-    if (!in_flight_ || answered_) ResultWords::instance().release(word_);
+    if (!in_flight_ || answered_) common::MappedWords::instance().release(word_);
   }
 
   const kgis::Validation& target() const { return validation_; }
@@ -152,7 +104,7 @@ class IndexCheck {
 
   // Waits for the kernel's answer and raises for the first out-of-range index of the group.
   void finish(const kgis::Plan& plan, const std::vector<at::Tensor>& indices) {
-    const std::uint64_t first_bad = wait();
+    const std::uint64_t first_bad = common::wait_for_word(word_.host, kgis::kResultPending, stream_, op_);
     answered_ = true;
     if (first_bad == kgis::kNoBadIndex) return;
     const auto pos = static_cast<std::int64_t>(first_bad);
@@ -164,44 +116,17 @@ class IndexCheck {
   }
 
  private:
-  static constexpr unsigned kSpinsPerPoll = 1u << 12;
-
-  // Spins on the word; now and then asks whether the stream has finished or failed, so that a kernel
-  // that could not run cannot leave the host spinning (and an asynchronous error surfaces here).
-  std::uint64_t wait() {
-    const volatile std::uint64_t* word = word_.host;
-    for (unsigned spin = 1;; ++spin) {
-      std::uint64_t v = *word;
-      if (v != kgis::kResultPending) {
-        std::atomic_thread_fence(std::memory_order_acquire);
-        return v;
-      }
-      if (spin % kSpinsPerPoll != 0) continue;
-      const cudaError_t st = cudaStreamQuery(stream_);
-      if (st == cudaErrorNotReady) {
-        (void)cudaGetLastError();  // a not-ready query is not an error; do not leave it sticky
-        std::this_thread::yield();
-        continue;
-      }
-      check_status(st, op_, "waiting for the index validation");
-      v = *word;
-      TORCH_CHECK(v != kgis::kResultPending, op_, ": internal error: the index validation finished without a result");
-      return v;
-    }
-  }
-
   const char* op_;
-  cudaStream_t stream_;
+  gpu::stream_t stream_;
   kgis::Validation validation_;
-  ResultWords::Word word_;
+  common::MappedWords::Word word_;
   bool in_flight_ = false;
   bool answered_ = false;
 };
 
 // An uninitialised contiguous tensor of `sizes` shaped like `like` (dtype, device): the tensor at::empty
-// builds, from the same caching allocator, without the dispatcher round trip. A call allocates one per
-// member; on one H200 machine 32 of these took 33 us against 46 us through at::empty
-// (scripts/alloc_probe.py).
+// builds, from the same caching allocator, without the dispatcher round trip, which a call would
+// otherwise pay once per member.
 at::Tensor empty_like_with(at::IntArrayRef sizes, const at::Tensor& like) {
   return at::detail::empty_cuda(sizes, like.scalar_type(), like.device(), c10::nullopt);
 }
@@ -225,7 +150,7 @@ std::vector<at::Tensor> forward_gpu_impl(at::TensorList input_group, at::TensorL
                                          std::int64_t group_width, const char* op) {
   const GroupLayout layout = check_forward(input_group, indices_group, op);
   const c10::cuda::CUDAGuard guard(layout.device);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
   const kgis::LaunchConfig cfg = launch_config(layout.device, op);
   TORCH_CHECK(group_width <= cfg.wave_size, op, ": group_width ", group_width, " exceeds the wave size (",
               cfg.wave_size, ") of ", layout.device);
@@ -271,7 +196,7 @@ std::vector<at::Tensor> backward_gpu(at::TensorList grad_output_group, at::Tenso
   const char* op = "_group_index_select_dim0_backward";
   const GroupLayout layout = check_backward(grad_output_group, indices_group, input_rows, cache_slots, op);
   const c10::cuda::CUDAGuard guard(layout.device);
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
   const kgis::LaunchConfig cfg = launch_config(layout.device, op);
 
   const std::vector<at::Tensor> grads = contiguous_all(grad_output_group);

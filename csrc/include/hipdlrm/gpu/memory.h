@@ -1,4 +1,5 @@
-// Loads and stores through pointers that the caller knows point to device (global) memory.
+// Loads and stores through pointers that the caller knows point to device (global) memory, and the
+// mapped host memory that kernels write results into.
 //
 // AMD: a pointer read from memory (a field of a per-member descriptor, say) is a generic pointer to the
 // compiler, which then emits flat_* instructions: they cannot take a scalar base register and they
@@ -13,6 +14,21 @@
 
 namespace hipdlrm {
 namespace gpu {
+
+// ---- host memory the device reads and writes directly ----------------------------------------------
+// Pinned host memory, mapped into the device's address space (`*device` is the pointer kernels use) and
+// portable (usable from every device's context). Small results a kernel writes there reach the host
+// without a copy on the stream.
+inline status_t host_alloc_mapped(void** host, void** device, std::size_t bytes) {
+#if defined(HIPDLRM_PLATFORM_HIP)
+  status_t st = hipHostMalloc(host, bytes, hipHostMallocMapped | hipHostMallocPortable);
+  if (st == kSuccess) st = hipHostGetDevicePointer(device, *host, 0);
+#else
+  status_t st = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+  if (st == kSuccess) st = cudaHostGetDevicePointer(device, *host, 0);
+#endif
+  return st;
+}
 
 #if defined(HIPDLRM_DEVICE_CODE)
 

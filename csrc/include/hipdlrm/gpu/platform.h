@@ -50,6 +50,59 @@ inline const char* status_string(status_t s) { return cudaGetErrorString(s); }
 inline status_t last_launch_status() { return cudaGetLastError(); }
 #endif
 
+// ---- host runtime: streams and events --------------------------------------------------------------
+// What the bindings need beyond a launch. A query that answers "not ready" does not leave that answer
+// behind as the thread's last error (the runtime would report it at the next unrelated check).
+#if defined(HIPDLRM_PLATFORM_HIP)
+using event_t = hipEvent_t;
+constexpr status_t kNotReady = hipErrorNotReady;
+inline stream_t per_thread_default_stream() { return hipStreamPerThread; }
+inline status_t event_create(event_t* e) { return hipEventCreateWithFlags(e, hipEventDisableTiming); }
+inline status_t event_record(event_t e, stream_t s) { return hipEventRecord(e, s); }
+inline status_t event_synchronize(event_t e) { return hipEventSynchronize(e); }
+inline status_t event_destroy(event_t e) { return hipEventDestroy(e); }
+inline status_t event_query(event_t e) {
+  const status_t st = hipEventQuery(e);
+  if (st == kNotReady) (void)hipGetLastError();
+  return st;
+}
+inline status_t stream_query(stream_t s) {
+  const status_t st = hipStreamQuery(s);
+  if (st == kNotReady) (void)hipGetLastError();
+  return st;
+}
+inline status_t stream_is_capturing(stream_t s, bool* capturing) {
+  hipStreamCaptureStatus c = hipStreamCaptureStatusNone;
+  const status_t st = hipStreamIsCapturing(s, &c);
+  *capturing = c != hipStreamCaptureStatusNone;
+  return st;
+}
+#else
+using event_t = cudaEvent_t;
+constexpr status_t kNotReady = cudaErrorNotReady;
+inline stream_t per_thread_default_stream() { return cudaStreamPerThread; }
+inline status_t event_create(event_t* e) { return cudaEventCreateWithFlags(e, cudaEventDisableTiming); }
+inline status_t event_record(event_t e, stream_t s) { return cudaEventRecord(e, s); }
+inline status_t event_synchronize(event_t e) { return cudaEventSynchronize(e); }
+inline status_t event_destroy(event_t e) { return cudaEventDestroy(e); }
+inline status_t event_query(event_t e) {
+  const status_t st = cudaEventQuery(e);
+  if (st == kNotReady) (void)cudaGetLastError();
+  return st;
+}
+inline status_t stream_query(stream_t s) {
+  const status_t st = cudaStreamQuery(s);
+  if (st == kNotReady) (void)cudaGetLastError();
+  return st;
+}
+inline status_t stream_is_capturing(stream_t s, bool* capturing) {
+  cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
+  const status_t st = cudaStreamIsCapturing(s, &c);
+  *capturing = c != cudaStreamCaptureStatusNone;
+  return st;
+}
+#endif
+
 // ---- wave width ------------------------------------------------------------------------------------
 // Device pass: the real width. Host pass: the width of the platform's datacenter parts, only so that
 // kernel templates parse; never size a launch from it (use device_wave_size()).
