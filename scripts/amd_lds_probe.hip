@@ -2,7 +2,7 @@
 // attention_forward.h and attention_backward.h), for scripts/amd_isa.py: the code-object metadata has
 // only the static LDS. Compiled in the same device pass as the kernels (same target, same configs); the
 // table lands in the .s as data: (kernel: 0 forward, 1 backward; element bytes; head dim; bytes) per entry.
-#include "attention/attention_core.h"
+#include "kernels/attention/attention_core.h"
 
 namespace {
 using hipdlrm::gpu::half_t;

@@ -72,7 +72,7 @@ for src in "${kernels[@]}"; do
 done
 # The attention kernels' dynamic LDS, as their launchers size it, for the ISA check's LDS limit.
 for t in "${ISA_TARGETS[@]}"; do
-  $CLANG_AMD "${HIP_ISA[@]}" "${COMMON[@]}" -Icsrc/kernels --offload-arch=$t scripts/amd_lds_probe.hip \
+  $CLANG_AMD "${HIP_ISA[@]}" "${COMMON[@]}" --offload-arch=$t scripts/amd_lds_probe.hip \
     -o "$OUT/$t/lds_probe.s" || { echo "   $t  FAILED: scripts/amd_lds_probe.hip"; fail=1; }
 done
 if [ "$fail" -ne 0 ]; then echo "compile_kernels: some kernel did not compile" >&2; exit 1; fi

@@ -173,9 +173,16 @@ HIPDLRM_HIP_DEV __half __float2half_rn(float f) { return __half{static_cast<_Flo
 
 // ---- host-side runtime API: declarations only ------------------------------------------------------
 // The launchers are parsed (not emitted) in a device pass; these let them type-check.
-enum hipError_t { hipSuccess = 0, hipErrorInvalidValue = 1 };
+enum hipError_t { hipSuccess = 0, hipErrorInvalidValue = 1, hipErrorNotReady = 600 };
 struct ihipStream_t;
 using hipStream_t = ihipStream_t*;
+struct ihipEvent_t;
+using hipEvent_t = ihipEvent_t*;
+#define hipStreamPerThread ((hipStream_t)2)
+constexpr unsigned hipEventDisableTiming = 0x2;
+constexpr unsigned hipHostMallocPortable = 0x1;
+constexpr unsigned hipHostMallocMapped = 0x2;
+enum hipStreamCaptureStatus { hipStreamCaptureStatusNone = 0, hipStreamCaptureStatusActive, hipStreamCaptureStatusInvalidated };
 enum hipDeviceAttribute_t {
   hipDeviceAttributeWarpSize,
   hipDeviceAttributeMultiprocessorCount,
@@ -194,6 +201,16 @@ hipError_t hipDeviceGetAttribute(int*, hipDeviceAttribute_t, int);
 hipError_t hipFuncSetAttribute(const void*, hipFuncAttribute, int);
 hipError_t hipGetDevice(int*);
 hipError_t hipOccupancyMaxActiveBlocksPerMultiprocessor(int*, const void*, int, std::size_t);
+hipError_t hipEventCreateWithFlags(hipEvent_t*, unsigned);
+hipError_t hipEventRecord(hipEvent_t, hipStream_t);
+hipError_t hipEventSynchronize(hipEvent_t);
+hipError_t hipEventDestroy(hipEvent_t);
+hipError_t hipEventQuery(hipEvent_t);
+hipError_t hipStreamQuery(hipStream_t);
+hipError_t hipStreamIsCapturing(hipStream_t, hipStreamCaptureStatus*);
+hipError_t hipHostMalloc(void**, std::size_t, unsigned);
+hipError_t hipHostGetDevicePointer(void**, void*, unsigned);
+hipError_t hipMalloc(void**, std::size_t);
 // What clang lowers `kernel<<<grid, block, smem, stream>>>` to.
 extern "C" hipError_t __hipPushCallConfiguration(dim3, dim3, std::size_t = 0, hipStream_t = nullptr);
 extern "C" hipError_t __hipPopCallConfiguration(dim3*, dim3*, std::size_t*, hipStream_t*);
