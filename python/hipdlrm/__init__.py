@@ -10,8 +10,7 @@ from .attention import hstu_mha
 from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
 from .gdpa import GDPA_ACTIVATIONS, gdpa
 from .group_index_select import group_index_select
-from .tbe import PoolingMode, TableBatchedEmbedding
-from .tbe_training import OptimType, WeightDecayMode
+from .tbe import OptimType, PoolingMode, TableBatchedEmbedding, WeightDecayMode
 
 from ._version import __version__
 

@@ -1,4 +1,5 @@
-"""Table Batched Embedding: many embedding tables looked up in one launch (docs/tbe.md).
+"""Table Batched Embedding: many embedding tables looked up in one launch, trained by a backward with the
+optimizer fused in (docs/tbe.md).
 
 FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` contract for tables resident on the device:
 ``TableBatchedEmbedding`` keeps every table in one flat weights buffer and runs, per forward call,
@@ -10,20 +11,40 @@ FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` contract for tables resident 
 Layout (FBGEMM's, table-major): T features, B bags each; bag b of feature t holds
 ``indices[offsets[t*B + b] : offsets[t*B + b + 1]]``. Pooled modes return ``[B, total_D]`` with feature
 t in columns ``D_offsets[t] : D_offsets[t + 1]``; NONE returns ``[len(indices), D]``.
+
+Training: with a fused optimizer, ``loss.backward()`` calls
+
+    torch.ops.hipdlrm.tbe_backward(grad_output, weights, weights_offsets, D_offsets, rows_per_table,
+        row_offsets, total_rows, total_D, max_D, indices, offsets, pooling_mode, per_sample_weights,
+        optimizer, momentum1, momentum2, learning_rate, eps, beta1, beta2, weight_decay,
+        weight_decay_mode, stochastic_rounding, optimizer_counters) -> grad_per_sample_weights
+
+which updates ``weights`` and the states ``momentum1`` / ``momentum2`` in place and adds one to the step in
+``optimizer_counters`` = [step, seed] (on the device: no host-side counter, so a compiled or captured
+training step has no synchronisation); with ``OptimType.NONE``
+
+    torch.ops.hipdlrm.tbe_backward_sparse(grad_output, weights, ..., per_sample_weights)
+        -> (element_indices, values, grad_per_sample_weights)
+
+gives ``weights.grad`` a sparse COO gradient for an external optimizer. The module builds these argument
+lists in one place each (``_lookup_metadata``, ``_optimizer_arguments``).
 """
 from __future__ import annotations
 
 import enum
+import math
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
 
-from . import tbe_training
 from .bounds_check import BoundsCheckMode
-from .tbe_training import OptimType, WeightDecayMode
 
 __all__ = ["OptimType", "PoolingMode", "TableBatchedEmbedding", "WeightDecayMode"]
+
+
+# The codes are the ops' arguments; kernels/tbe/tbe_types.h defines the same ones (a test compares them
+# with torch.ops.hipdlrm.tbe_enum).
 
 
 class PoolingMode(enum.IntEnum):
@@ -35,11 +56,38 @@ class PoolingMode(enum.IntEnum):
     NONE = 2
 
 
+class OptimType(enum.IntEnum):
+    """The optimizer fused into the backward (the codes are the op's ``optimizer`` argument).
+
+    NONE: no update; ``weights.grad`` receives a sparse COO gradient. EXACT_SGD: ``w -= lr * g``.
+    EXACT_ROWWISE_ADAGRAD: one fp32 state per row, ``s += mean(g^2)``, ``w -= lr * g / (sqrt(s) + eps)``.
+    ADAM: two fp32 states per element, bias-corrected with the module's step counter. "Exact": only
+    rows looked up in the batch are updated, each once with the sum of its gradients.
+    """
+
+    NONE = 0
+    EXACT_SGD = 1
+    EXACT_ROWWISE_ADAGRAD = 2
+    ADAM = 3
+
+
+class WeightDecayMode(enum.IntEnum):
+    """FBGEMM's codes. L2 adds ``weight_decay * w`` to the gradient; DECOUPLED subtracts
+    ``lr * weight_decay * w`` from the weight after the update (AdamW's form)."""
+
+    NONE = 0
+    L2 = 1
+    DECOUPLED = 2
+
+
 _FLOAT_FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 # Every table starts on a 128-byte boundary of the flat buffer, so rows whose size is a multiple of 16
 # bytes always take the kernels' 16-byte vector path (FBGEMM packs tables back to back instead).
 _TABLE_ALIGN_BYTES = 128
+_FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM)
 
+
+# ---- fake kernels (torch.compile, meta tensors) --------------------------------------------------------
 
 @torch.library.register_fake("hipdlrm::tbe_forward")
 def _tbe_forward_fake(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets,
@@ -53,8 +101,119 @@ def _tbe_forward_fake(weights, weights_offsets, D_offsets, rows_per_table, total
     return weights.new_empty(((offsets.numel() - 1) // num_features, total_D), dtype=output_dtype)
 
 
+def _grad_psw_fake(weights, indices, per_sample_weights):
+    n = indices.numel() if per_sample_weights is not None else 0
+    return weights.new_empty((n,), dtype=torch.float32)
+
+
+# The backward ops share their first 13 arguments (the lookup); only the three the outputs depend on are
+# named here.
+@torch.library.register_fake("hipdlrm::tbe_backward")
+def _tbe_backward_fake(grad_output, weights, *args):
+    return _grad_psw_fake(weights, args[7], args[10])
+
+
+@torch.library.register_fake("hipdlrm::tbe_backward_sparse")
+def _tbe_backward_sparse_fake(grad_output, weights, *args):
+    nnz = torch.library.get_ctx().new_dynamic_size()
+    return (weights.new_empty((nnz,), dtype=torch.int64), weights.new_empty((nnz,)),
+            _grad_psw_fake(weights, args[7], args[10]))
+
+
+# ---- autograd ------------------------------------------------------------------------------------------
+# Both ways of differentiating a lookup end in tbe_backward_sparse (or, for the module's fused optimizer, in
+# tbe_backward): the raw op's registered autograd, for torch.ops.hipdlrm.tbe_forward called directly, and
+# the module's TBELookupFunction, whose backward may update the tables instead of returning a gradient.
+
+
+def _tbe_forward_setup_context(ctx, inputs, output):
+    (weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets, pooling_mode,
+     per_sample_weights, output_dtype) = inputs
+    ctx.save_for_backward(weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights)
+    ctx.total_D, ctx.max_D, ctx.pooling_mode = total_D, max_D, pooling_mode
+
+
+def _tbe_forward_backward(ctx, grad_output):
+    """The dense gradient of the flat weights (what an autograd op returns for a dense input) and that of
+    the per-sample weights. Each feature gets a row space of its own, row_offsets[t] = t * weights.numel()
+    (a table of D >= 1 columns has at most weights.numel() rows): features that share a table, or tables
+    that overlap in `weights`, then give separate segments for the same elements, which the scatter adds.
+    So any metadata gives the gradient of what the forward computed, with no host read (traceable)."""
+    weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights = ctx.saved_tensors
+    T, numel = weights_offsets.numel(), weights.numel()
+    row_offsets = torch.arange(T, dtype=torch.int64, device=weights.device) * numel
+    element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
+        grad_output.contiguous(), weights.detach(), weights_offsets, D_offsets, rows_per_table, row_offsets,
+        T * numel, ctx.total_D, ctx.max_D, indices, offsets, ctx.pooling_mode, per_sample_weights)
+    grad_weights = None
+    if ctx.needs_input_grad[0]:
+        grad_weights = torch.zeros(numel, dtype=values.dtype, device=values.device)
+        grad_weights = grad_weights.index_put((element,), values, accumulate=True).view(weights.shape)
+        grad_weights = grad_weights.to(weights.dtype)
+    if per_sample_weights is None or not ctx.needs_input_grad[9]:
+        grad_psw = None
+    else:
+        grad_psw = grad_psw.to(per_sample_weights.dtype)
+    return grad_weights, None, None, None, None, None, None, None, None, grad_psw, None
+
+
+torch.library.register_autograd("hipdlrm::tbe_forward", _tbe_forward_backward,
+                                setup_context=_tbe_forward_setup_context)
+
+
+class TBELookupFunction(torch.autograd.Function):
+    """The module's lookup as an autograd node: forward = ``tbe_forward``; backward = the fused update
+    (no gradient returned for the weights) or, for OptimType.NONE and inference-only modules, the sparse
+    gradient. The per-sample weights get their gradient whenever they require it."""
+
+    @staticmethod
+    def forward(ctx, module, indices, offsets, weights, per_sample_weights):
+        ctx.module = module
+        ctx.save_for_backward(indices, offsets, per_sample_weights)
+        return module._forward_op(weights, indices, offsets, per_sample_weights)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        module = ctx.module
+        indices, offsets, per_sample_weights = ctx.saved_tensors
+        grad_output = grad_output.contiguous()
+        lookup = (indices, offsets, int(module.pooling_mode), per_sample_weights)
+        grad_weights = None
+        if module.optimizer in _FUSED:
+            grad_psw = torch.ops.hipdlrm.tbe_backward(grad_output, module.weights.detach(), *module._lookup_metadata(),
+                                                      *lookup, *module._optimizer_arguments())
+        else:
+            element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
+                grad_output, module.weights.detach(), *module._lookup_metadata(), *lookup)
+            if ctx.needs_input_grad[3]:
+                # Segments ascend by row, and tables by offset: the indices are sorted and unique.
+                grad_weights = torch.sparse_coo_tensor(element.unsqueeze(0), values, (module.weights.numel(),),
+                                                       check_invariants=False, is_coalesced=True)
+        if not ctx.needs_input_grad[4]:
+            grad_psw = None
+        return None, None, None, grad_weights, grad_psw
+
+
+# ---- the module ----------------------------------------------------------------------------------------
+
 def _default_device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _whole_number(value, what: str) -> int:
+    """An int, or a float / 0-d tensor holding one; anything else is a clear error naming `what`."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.is_floating_point():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not (math.isfinite(value) and value == int(value))):
+        raise ValueError(f"{what} must be a whole number, got {value!r}")
+    return int(value)
+
+
+def _finite(value, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number, got {value!r}")
+    return float(value)
 
 
 class TableBatchedEmbedding(nn.Module):
@@ -66,23 +225,28 @@ class TableBatchedEmbedding(nn.Module):
         feature_table_map: the table of each feature of the input layout (several features may share a
             table); default: feature t uses table t.
         pooling_mode: ``PoolingMode.SUM``, ``MEAN`` or ``NONE`` (NONE needs every feature's dim equal).
-        weights_precision: dtype of the tables: float32, float16 or bfloat16.
+        weights_precision: dtype of the tables: float32, float16 or bfloat16. It stays theirs: module
+            dtype casts (``.half()``, ``.to(dtype)``, ``.float()``) move the tables and the optimizer state
+            between devices but change neither the tables' precision nor the fp32 state.
         output_dtype: dtype of the output: float32, float16 or bfloat16 (accumulation is always fp32).
         bounds_check_mode: how ``forward`` treats bad indices and offsets (``BoundsCheckMode``): FATAL
-            raises; WARNING repairs them in place (an out-of-range index becomes 0, as FBGEMM does) and
-            prints a line; IGNORE repairs silently. Index -1 is a pruned row and contributes nothing.
+            raises; WARNING repairs them in the caller's tensors (an out-of-range index becomes 0, as
+            FBGEMM does) and prints a line; IGNORE repairs silently. Index -1 is a pruned row and
+            contributes nothing.
         device: where the tables live; default the current CUDA device if there is one, else the CPU.
-        optimizer: the update fused into the backward (``OptimType``; tbe_training.py): ``loss.backward()``
-            updates the tables in place. ``OptimType.NONE`` gives ``weights.grad`` a sparse gradient
-            instead; ``None`` makes an inference-only module (weights that do not require grad).
+        optimizer: the update fused into the backward (``OptimType``): ``loss.backward()`` updates the
+            tables in place. ``OptimType.NONE`` gives ``weights.grad`` a sparse gradient instead; ``None``
+            makes an inference-only module (weights that do not require grad).
         learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2: the optimizer's settings
             (beta1/beta2: Adam only; eps: row-wise Adagrad and Adam).
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
 
-    Attributes: ``weights`` (the flat tables, an ``nn.Parameter``; it requires grad unless
-    ``optimizer`` is None), the optimizer state (``split_optimizer_states()``), and the per-feature buffers ``weights_offsets`` (int64), ``D_offsets``
-    (int32, T + 1 entries) and ``rows_per_table`` (int64) that the op takes.
+    Attributes: ``weights`` (the flat tables, an ``nn.Parameter``; it requires grad unless ``optimizer``
+    is None), the optimizer state (``split_optimizer_states()``; buffers ``momentum1``, ``momentum2`` and
+    ``optimizer_counters`` = [step, seed], all in ``state_dict()``), and the per-feature buffers
+    ``weights_offsets`` (int64), ``D_offsets`` (int32, T + 1 entries), ``rows_per_table`` and
+    ``row_offsets`` (int64) that the ops take.
     """
 
     def __init__(
@@ -107,7 +271,7 @@ class TableBatchedEmbedding(nn.Module):
         specs = self._validate_specs(embedding_specs)
         if feature_table_map is None:
             feature_table_map = list(range(len(specs)))
-        feature_table_map = [int(t) for t in feature_table_map]
+        feature_table_map = [_whole_number(t, f"feature_table_map[{f}]") for f, t in enumerate(feature_table_map)]
         if not feature_table_map:
             raise ValueError("feature_table_map must name at least one table")
         for f, t in enumerate(feature_table_map):
@@ -133,33 +297,40 @@ class TableBatchedEmbedding(nn.Module):
         if self.total_D >= 2**31:
             raise ValueError(f"the sum of the features' dims must be below 2**31, got {self.total_D}")
 
+        # Tables never overlap: in the flat weights (table_offsets, aligned) nor in the row space
+        # (table_row_offsets), which numbers every row of every table once.
         align = _TABLE_ALIGN_BYTES // torch.empty((), dtype=weights_precision).element_size()
-        table_offsets = []
-        size = 0
+        self.table_offsets: List[int] = []
+        self.table_row_offsets: List[int] = []
+        size = rows_total = 0
         for rows, dim in specs:
             size = (size + align - 1) // align * align
-            table_offsets.append(size)
+            self.table_offsets.append(size)
+            self.table_row_offsets.append(rows_total)
             size += rows * dim
-        self.table_offsets: List[int] = table_offsets
+            rows_total += rows
+        self.total_rows = rows_total
 
         device = _default_device() if device is None else torch.device(device)
         self.weights = nn.Parameter(torch.zeros(size, dtype=weights_precision, device=device), requires_grad=False)
 
-        def long_buffer(values):
-            return torch.tensor(values, dtype=torch.int64, device=device)
+        def per_feature(values, dtype=torch.int64):
+            return torch.tensor(values, dtype=dtype, device=device)
 
         d_offsets = [0]
         for d in dims:
             d_offsets.append(d_offsets[-1] + d)
-        self.register_buffer("weights_offsets", long_buffer([table_offsets[t] for t in feature_table_map]),
+        self.register_buffer("weights_offsets", per_feature([self.table_offsets[t] for t in feature_table_map]),
                              persistent=False)
-        self.register_buffer("D_offsets", torch.tensor(d_offsets, dtype=torch.int32, device=device), persistent=False)
-        self.register_buffer("rows_per_table", long_buffer([specs[t][0] for t in feature_table_map]),
+        self.register_buffer("D_offsets", per_feature(d_offsets, torch.int32), persistent=False)
+        self.register_buffer("rows_per_table", per_feature([specs[t][0] for t in feature_table_map]),
+                             persistent=False)
+        self.register_buffer("row_offsets", per_feature([self.table_row_offsets[t] for t in feature_table_map]),
                              persistent=False)
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
-        tbe_training.setup_training(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1,
-                                    beta2, stochastic_rounding)
+        self._init_optimizer(optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
+                             stochastic_rounding)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -169,13 +340,106 @@ class TableBatchedEmbedding(nn.Module):
                 rows, dim = spec
             except (TypeError, ValueError):
                 raise ValueError(f"embedding_specs[{i}] must be a (num_rows, dim) pair, got {spec!r}") from None
-            rows, dim = int(rows), int(dim)
+            rows = _whole_number(rows, f"embedding_specs[{i}]'s num_rows")
+            dim = _whole_number(dim, f"embedding_specs[{i}]'s dim")
             if rows < 1 or dim < 1:
                 raise ValueError(f"embedding_specs[{i}] = ({rows}, {dim}): num_rows and dim must be >= 1")
             specs.append((rows, dim))
         if not specs:
             raise ValueError("embedding_specs must describe at least one table")
         return specs
+
+    def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
+                        stochastic_rounding) -> None:
+        """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
+        ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; Adam: one per weight),
+        ``momentum2`` (Adam) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
+        self.optimizer = None if optimizer is None else OptimType(optimizer)
+        self.weight_decay_mode = WeightDecayMode(weight_decay_mode)
+        self.learning_rate = _finite(learning_rate, "learning_rate")
+        self.eps = _finite(eps, "eps")
+        self.weight_decay = _finite(weight_decay, "weight_decay")
+        self.beta1 = _finite(beta1, "beta1")
+        self.beta2 = _finite(beta2, "beta2")
+        self.stochastic_rounding = bool(stochastic_rounding)
+        if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM) and self.eps <= 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        if self.optimizer == OptimType.ADAM and not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+            raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1} and {beta2}")
+        if self.optimizer is None:
+            return
+        self.weights.requires_grad_(True)
+        f32 = dict(dtype=torch.float32, device=self.weights.device)
+        if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
+            self.register_buffer("momentum1", torch.zeros(self.total_rows, **f32))
+        elif self.optimizer == OptimType.ADAM:
+            self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
+            self.register_buffer("momentum2", torch.zeros(self.weights.numel(), **f32))
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+        self.register_buffer("optimizer_counters", torch.tensor([0, seed], dtype=torch.int64,
+                                                                device=self.weights.device))
+
+    # ---- the ops' arguments, built in one place each ----
+
+    def _lookup_metadata(self) -> tuple:
+        """The backward ops' arguments between ``weights`` and ``indices``."""
+        return (self.weights_offsets, self.D_offsets, self.rows_per_table, self.row_offsets, self.total_rows,
+                self.total_D, self.max_D)
+
+    def _optimizer_arguments(self) -> tuple:
+        """tbe_backward's arguments after ``per_sample_weights`` (the op advances the step itself)."""
+        none = torch.empty(0, dtype=torch.float32, device=self.weights.device)
+        return (int(self.optimizer), getattr(self, "momentum1", none), getattr(self, "momentum2", none),
+                self.learning_rate, self.eps, self.beta1, self.beta2, self.weight_decay, int(self.weight_decay_mode),
+                self.stochastic_rounding, self.optimizer_counters)
+
+    # ---- nn.Module hooks: dtype casts, checkpoints ----
+
+    def _apply(self, fn, recurse=True):
+        """Module casts keep the tables' precision and the fp32 state: a conversion that would change a
+        tensor's dtype only moves it to the device it would have gone to (the module's floating tensors
+        are exactly the tables, their gradient and the optimizer state)."""
+        def keep_dtype(t):
+            converted = fn(t)
+            if isinstance(converted, torch.Tensor) and converted.dtype != t.dtype:
+                return t.to(device=converted.device)
+            return converted
+        return super()._apply(keep_dtype, recurse)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        """Checks every tensor of this module's state first (present, shape, dtype), so that a state of
+        other specs, another optimizer or a wrong dtype raises naming the key and changes nothing."""
+        for name, tensor in [("weights", self.weights)] + [(n, b) for n, b in self._buffers.items()
+                                                           if n not in self._non_persistent_buffers_set]:
+            key = prefix + name
+            if key not in state_dict:
+                if strict:
+                    raise KeyError(f"load_state_dict: {key} is missing (this module keeps "
+                                   f"{', '.join(self.state_dict().keys())})")
+                continue
+            value = state_dict[key]
+            if not isinstance(value, torch.Tensor) or value.shape != tensor.shape or value.dtype != tensor.dtype:
+                got = (f"{value.dtype} of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+                       else type(value).__name__)
+                raise ValueError(f"load_state_dict: {key} must be {tensor.dtype} of shape {tuple(tensor.shape)} "
+                                 f"({self._state_description(name)}), got {got}")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def _state_description(self, name: str) -> str:
+        if name == "weights":
+            return f"tables {self.embedding_specs} in {self.weights_precision}, 128-byte aligned"
+        if name == "optimizer_counters":
+            return "[step, seed]"
+        return f"{self.optimizer.name}'s state"
+
+    def _forward_op(self, weights, indices, offsets, per_sample_weights) -> torch.Tensor:
+        return torch.ops.hipdlrm.tbe_forward(weights, self.weights_offsets, self.D_offsets, self.rows_per_table,
+                                             self.total_D, self.max_D, indices, offsets, int(self.pooling_mode),
+                                             per_sample_weights, self.output_dtype)
+
+    # ---- public API ----
 
     def split_embedding_weights(self) -> List[torch.Tensor]:
         """One ``[num_rows, dim]`` view per table into the flat weights (writes reach the real storage)."""
@@ -184,9 +448,20 @@ class TableBatchedEmbedding(nn.Module):
                 for off, (rows, dim) in zip(self.table_offsets, self.embedding_specs)]
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
-        """Per table, views of its optimizer state: row-wise Adagrad ``[state [rows]]``, Adam
-        ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, otherwise ``[]``."""
-        return tbe_training.split_optimizer_states(self)
+        """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
+        ``[momentum1 [rows]]``, Adam ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, SGD and NONE ``[]``."""
+        states: List[List[torch.Tensor]] = []
+        for t, (rows, dim) in enumerate(self.embedding_specs):
+            if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
+                start = self.table_row_offsets[t]
+                states.append([self.momentum1.detach()[start:start + rows]])
+            elif self.optimizer == OptimType.ADAM:
+                start = self.table_offsets[t]
+                states.append([m.detach()[start:start + rows * dim].view(rows, dim)
+                               for m in (self.momentum1, self.momentum2)])
+            else:
+                states.append([])
+        return states
 
     @torch.no_grad()
     def init_embedding_weights_uniform(self, min_val: float, max_val: float) -> None:
@@ -200,21 +475,26 @@ class TableBatchedEmbedding(nn.Module):
 
         ``indices`` and ``offsets`` are int32 or int64 (converted to int64 when they differ);
         ``offsets`` has ``T * B + 1`` entries; ``per_sample_weights`` (float32, one per index) scales each
-        row. Indices and offsets are bounds-checked first in ``bounds_check_mode`` (WARNING and IGNORE
-        repair them in place, as FBGEMM does).
+        row. Indices and offsets are bounds-checked first in ``bounds_check_mode``: WARNING and IGNORE
+        repair them in the caller's tensors, as FBGEMM does (also when they had to be converted or made
+        contiguous for the lookup: the repaired values are copied back).
         """
         self._check_inputs(indices, offsets, per_sample_weights)
-        if indices.dtype != offsets.dtype:
-            indices, offsets = indices.long(), offsets.long()
-        indices, offsets = indices.contiguous(), offsets.contiguous()
-        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, indices, offsets, int(self.bounds_check_mode),
+        idx, off = indices, offsets
+        if idx.dtype != off.dtype:
+            idx, off = idx.long(), off.long()
+        idx, off = idx.contiguous(), off.contiguous()
+        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode),
                                                self.bounds_check_warning, None, None, -1)
+        if self.bounds_check_mode != BoundsCheckMode.FATAL:
+            if idx is not indices:
+                indices.copy_(idx)
+            if off is not offsets:
+                offsets.copy_(off)
         if torch.is_grad_enabled() and (self.weights.requires_grad or (
                 per_sample_weights is not None and per_sample_weights.requires_grad)):
-            return tbe_training.lookup(self, indices, offsets, per_sample_weights)
-        return torch.ops.hipdlrm.tbe_forward(self.weights, self.weights_offsets, self.D_offsets, self.rows_per_table,
-                                             self.total_D, self.max_D, indices, offsets, int(self.pooling_mode),
-                                             per_sample_weights, self.output_dtype)
+            return TBELookupFunction.apply(self, idx, off, self.weights, per_sample_weights)
+        return self._forward_op(self.weights, idx, off, per_sample_weights)
 
     def _check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor,
                       per_sample_weights: Optional[torch.Tensor]) -> None:

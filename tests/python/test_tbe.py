@@ -534,3 +534,117 @@ def test_matches_fbgemm_cpu(pooling, weights, weighted):
         expected = theirs(indices.clone(), offsets.clone(), per_sample_weights=psw).detach()
     out = module(indices, offsets, psw)
     torch.testing.assert_close(out, expected.view(out.shape), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# One definition of the codes; bad arguments found by a hostile caller (issue 32)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("enum_class", [PoolingMode, hipdlrm.OptimType, hipdlrm.WeightDecayMode],
+                         ids=lambda e: e.__name__)
+def test_python_enums_carry_the_library_codes(enum_class):
+    """The C++ enums (kernels/tbe/tbe_types.h) and Python's, member for member."""
+    exported = dict(item.split("=") for item in torch.ops.hipdlrm.tbe_enum(enum_class.__name__).split(","))
+    assert {name: int(code) for name, code in exported.items()} == {m.name: m.value for m in enum_class}
+
+
+@pytest.mark.parametrize("spec, message", [
+    ((4.7, 4), r"embedding_specs\[0\]'s num_rows must be a whole number, got 4.7"),
+    (("a", 4), r"embedding_specs\[0\]'s num_rows must be a whole number, got 'a'"),
+    ((4, None), r"embedding_specs\[0\]'s dim must be a whole number, got None"),
+])
+def test_specs_that_are_not_whole_numbers_are_rejected(spec, message):
+    with pytest.raises(ValueError, match=message):
+        TableBatchedEmbedding([spec], device="cpu")
+    assert TableBatchedEmbedding([(4.0, 4)], device="cpu").embedding_specs == [(4, 4)]
+
+
+def test_feature_table_map_entries_must_be_table_numbers():
+    with pytest.raises(ValueError, match=r"feature_table_map\[0\] must be a whole number, got 'x'"):
+        TableBatchedEmbedding([(4, 4)], feature_table_map=["x"], device="cpu")
+    with pytest.raises(ValueError, match=r"feature_table_map\[1\] must be a whole number, got 0.5"):
+        TableBatchedEmbedding([(4, 4)], feature_table_map=[0, 0.5], device="cpu")
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("case", ["int32 indices, int64 offsets", "strided indices"])
+def test_warning_mode_repair_lands_in_the_callers_tensor(device, case, capfd):
+    """The repair reaches the caller's indices also when the lookup needs them converted or contiguous."""
+    module = make_module([(10, 8), (5, 4)], mode=BoundsCheckMode.WARNING, device=device)
+    offsets = torch.tensor([0, 2, 2, 3, 4], device=device)
+    if case == "strided indices":
+        storage = torch.tensor([3, -5, 12, -5, 4, -5, 7, -5], device=device)
+        indices = storage[::2]
+    else:
+        indices = torch.tensor([3, 12, 4, 7], dtype=torch.int32, device=device)
+    out = module(indices, offsets)
+    hipdlrm.flush_bounds_check_warnings()
+    fixed = torch.tensor([3, 0, 4, 0])
+    assert indices.cpu().tolist() == fixed.tolist()
+    if case == "strided indices":
+        assert storage[1::2].cpu().tolist() == [-5] * 4  # the elements between the view's are untouched
+    expected = reference(module, fixed, offsets.cpu(), None)
+    torch.testing.assert_close(out.cpu().double(), expected.float().double(), **tolerance(torch.float32))
+    capfd.readouterr()
+
+
+def test_cpu_op_checks_d_offsets_before_allocating():
+    """total_D = 2**31 - 1 that D_offsets contradict: the metadata error, not the allocator's."""
+    module = make_module([(10, 8)])
+    args = _raw_args(module, torch.tensor([1]), torch.tensor([0, 1] + [1] * 999))
+    args[4] = 2**31 - 1
+    with pytest.raises(RuntimeError, match=r"tbe_forward: total_D = 2147483647 but D_offsets\[-1\] = 8"):
+        OP(*args)
+
+
+def _dense_gradient_reference(weights, weights_offsets, dims, rows, indices, offsets, psw, pooling, grad_out):
+    """The gradient of the flat weights by autograd through plain gathers of each feature's rows."""
+    w = weights.detach().double().requires_grad_(True)
+    T = len(dims)
+    B = (offsets.numel() - 1) // T
+    outs = []
+    for t in range(T):
+        table = w[weights_offsets[t]:weights_offsets[t] + rows[t] * dims[t]].view(rows[t], dims[t])
+        bag = offsets[t * B:(t + 1) * B + 1]
+        outs.append(F.embedding_bag(indices[bag[0]:bag[-1]], table, bag[:-1] - bag[0],
+                                    mode="sum" if pooling == PoolingMode.SUM else "mean",
+                                    per_sample_weights=None if psw is None else psw[bag[0]:bag[-1]].double()))
+    torch.cat(outs, 1).backward(grad_out.double())
+    return w.grad
+
+
+@pytest.mark.parametrize("layout", ["overlapping tables", "shared offset, same dim", "shared offset, other dims"])
+def test_raw_op_dense_gradient_with_tables_sharing_storage(layout):
+    """The raw op's autograd with metadata the module never builds: tables overlapping in weights, or
+    features sharing a weights_offset, with equal or different dims. Each element's gradient is the sum
+    over every feature that read it (gradcheck and an autograd reference agree)."""
+    weights_offsets, dims, rows = {
+        "overlapping tables": ([0, 8], [4, 4], [6, 6]),          # feature 1's row 0 is feature 0's row 2
+        "shared offset, same dim": ([0, 0], [4, 4], [6, 6]),
+        "shared offset, other dims": ([0, 0], [4, 8], [6, 3]),
+    }[layout]
+    weights = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).float()
+    weights.requires_grad_(True)
+    wo = torch.tensor(weights_offsets)
+    d_offsets = torch.tensor([0, dims[0], dims[0] + dims[1]], dtype=torch.int32)
+    rpt = torch.tensor(rows)
+    indices = torch.tensor([2, 2, 1, 0, 0, 2])
+    offsets = torch.tensor([0, 2, 3, 5, 6])
+    out = OP(weights, wo, d_offsets, rpt, sum(dims), max(dims), indices, offsets, int(PoolingMode.SUM), None,
+             torch.float32)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(2))
+    out.backward(grad_out)
+    expected = _dense_gradient_reference(weights, weights_offsets, dims, rows, indices, offsets, None,
+                                         PoolingMode.SUM, grad_out)
+    torch.testing.assert_close(weights.grad.double(), expected, rtol=1e-6, atol=1e-6)
+    if layout == "overlapping tables":
+        assert weights.grad[8:12].tolist() == pytest.approx((grad_out[0, :4] * 2 + grad_out[0, 4:] * 2).tolist())
+
+    def fn(w):
+        return OP(w, wo, d_offsets, rpt, sum(dims), max(dims), indices, offsets, int(PoolingMode.SUM), None,
+                  torch.float32)
+
+    # fp32 (the op has no fp64 tables): the lookup is linear, so wide finite differences are exact.
+    assert torch.autograd.gradcheck(fn, (weights.detach().clone().requires_grad_(True),), eps=1e-2, atol=1e-3,
+                                    rtol=1e-3)

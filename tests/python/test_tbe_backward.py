@@ -410,7 +410,7 @@ def test_gradcheck_none_path():
             return grad.to_dense()
 
     def fn(weights, per_sample_weights):
-        return hipdlrm.tbe_training.TBELookupFunction.apply(module, indices, offsets, Densify.apply(weights),
+        return hipdlrm.tbe.TBELookupFunction.apply(module, indices, offsets, Densify.apply(weights),
                                                             per_sample_weights)
 
     assert torch.autograd.gradcheck(fn, (module.weights, psw), eps=1e-2, atol=1e-3, rtol=1e-3)
@@ -493,9 +493,10 @@ def test_opcheck():
               module.total_rows, module.total_D, module.max_D, indices, offsets, int(module.pooling_mode), psw)
     weights = module.weights.detach().clone()
     m1, m2 = module.momentum1.clone(), module.momentum2.clone()
+    counters = torch.tensor([0, 3])
     torch.library.opcheck(torch.ops.hipdlrm.tbe_backward,
-                          (grad, weights, *common, int(OptimType.ADAM), m1, m2, 0.01, 1e-8, 0.9, 0.999, 0.0, 0, 1,
-                           True, 3),
+                          (grad, weights, *common, int(OptimType.ADAM), m1, m2, 0.01, 1e-8, 0.9, 0.999, 0.0, 0,
+                           True, counters),
                           test_utils=("test_schema", "test_faketensor"))
     torch.library.opcheck(torch.ops.hipdlrm.tbe_backward_sparse, (grad, weights, *common),
                           test_utils=("test_schema",))
@@ -506,12 +507,15 @@ def test_opcheck():
 # ----------------------------------------------------------------------------------------------
 
 
-def op_args(module, indices, offsets, grad, optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, m1=None, m2=None, step=1):
+def op_args(module, indices, offsets, grad, optimizer=OptimType.EXACT_ROWWISE_ADAGRAD, m1=None, m2=None, step=0,
+            eps=1e-8):
+    """tbe_backward's arguments; `step` is the counter before the call (the op adds one)."""
     m1 = module.momentum1 if m1 is None else m1
     m2 = torch.empty(0) if m2 is None else m2
     return [grad, module.weights.detach(), module.weights_offsets, module.D_offsets, module.rows_per_table,
             module.row_offsets, module.total_rows, module.total_D, module.max_D, indices, offsets,
-            int(module.pooling_mode), None, int(optimizer), m1, m2, 0.01, 1e-8, 0.9, 0.999, 0.0, 0, step, False, 0]
+            int(module.pooling_mode), None, int(optimizer), m1, m2, 0.01, eps, 0.9, 0.999, 0.0, 0, False,
+            torch.tensor([step, 0])]
 
 
 def test_errors():
@@ -530,9 +534,9 @@ def test_errors():
         op(*op_args(module, torch.tensor([1, 2, 9]), offsets, grad))
     with pytest.raises(RuntimeError, match="offsets must be non-decreasing"):
         op(*op_args(module, indices, torch.tensor([0, 2, 1, 3, 3]), grad))
-    with pytest.raises(RuntimeError, match="step must be >= 1 for ADAM"):
+    with pytest.raises(RuntimeError, match=r"optimizer_counters\[0\] \(the step\) must be in \[0, 2\^63 - 1\)"):
         op(*op_args(module, indices, offsets, grad, optimizer=OptimType.ADAM, m1=torch.zeros(module.weights.numel()),
-                    m2=torch.zeros(module.weights.numel()), step=0))
+                    m2=torch.zeros(module.weights.numel()), step=-1))
     args = op_args(module, indices, offsets, grad)
     args[5] = torch.tensor([0, 12])
     with pytest.raises(RuntimeError, match="do not fit in total_rows"):
@@ -751,3 +755,188 @@ def test_gpu_wide_rows_and_unaligned_tensors(optimizer, weights):
         torch.testing.assert_close(gpu[0].float(), cpu[0].float(), **t)
         for x, y in zip(gpu[1], cpu[1]):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# Module hygiene: dtype casts, devices, copies, pickling; torch.compile (issue 28)
+# ----------------------------------------------------------------------------------------------
+
+
+def _training_state(module):
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _assert_same_state(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("cast", ["half", "bfloat16", "to(float64)", "double", "float"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+def test_module_casts_keep_table_precision_and_fp32_state(cast, optimizer):
+    module = case(PoolingMode.SUM, optimizer, torch.bfloat16, seed=3)
+    indices, offsets, _ = make_inputs(module, 5, 4)
+    train_step(module, indices, offsets, None, upstream(module, indices, offsets, 5))
+    before = _training_state(module)
+    wrapper = torch.nn.Sequential(module, torch.nn.Linear(2, 2))
+    wrapper = wrapper.to(torch.float64) if cast == "to(float64)" else getattr(wrapper, cast)()
+    assert wrapper[1].weight.dtype != torch.float32 or cast == "float"  # the cast reached the rest
+    assert module.weights.dtype == torch.bfloat16 and module.weights.requires_grad
+    _assert_same_state(before, _training_state(module))
+    # and training goes on as it would have without the cast
+    twin = case(PoolingMode.SUM, optimizer, torch.bfloat16, seed=3)
+    twin.load_state_dict(before)
+    for m in (module, twin):
+        train_step(m, indices, offsets, None, upstream(module, indices, offsets, 6))
+    _assert_same_state(_training_state(twin), _training_state(module))
+
+
+@requires_gpu
+def test_module_to_device_moves_state():
+    module = case(PoolingMode.SUM, OptimType.ADAM, seed=3)
+    indices, offsets, _ = make_inputs(module, 5, 4)
+    train_step(module, indices, offsets, None, upstream(module, indices, offsets, 5))
+    before = _training_state(module)
+    module.to("cuda")
+    assert all(t.is_cuda for t in list(module.buffers()) + [module.weights])
+    module.cpu()
+    _assert_same_state(before, _training_state(module))
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "torch.save"])
+@pytest.mark.parametrize("optimizer", OPTIMIZERS + [OptimType.NONE], ids=lambda o: o.name)
+def test_copies_round_trip_training_state(how, optimizer):
+    import io
+    import pickle
+
+    module = case(PoolingMode.MEAN, optimizer, torch.float16, seed=8)
+    inputs = [make_inputs(module, 4, 10 + s) for s in range(2)]
+    grads = [upstream(module, i, o, 20 + s) for s, (i, o, _) in enumerate(inputs)]
+    train_step(module, *inputs[0], grads[0])
+    if how == "deepcopy":
+        clone = copy.deepcopy(module)
+    elif how == "pickle":
+        clone = pickle.loads(pickle.dumps(module))
+    else:
+        buffer = io.BytesIO()
+        torch.save(module, buffer)
+        buffer.seek(0)
+        clone = torch.load(buffer, weights_only=False)
+    _assert_same_state(_training_state(module), _training_state(clone))
+    if optimizer == OptimType.NONE:
+        return
+    for m in (module, clone):
+        train_step(m, *inputs[1], grads[1])
+    _assert_same_state(_training_state(module), _training_state(clone))
+
+
+@pytest.mark.parametrize("optimizer, weights", [(o, torch.float32) for o in OPTIMIZERS] +
+                         [(OptimType.EXACT_ROWWISE_ADAGRAD, torch.float16)], ids=lambda v: getattr(v, "name", str(v)))
+def test_compiled_fullgraph_step_matches_eager(optimizer, weights):
+    """torch.compile(fullgraph=True) of a training step's forward (lookup, a dense layer, the loss): its
+    backward graph, traced by AOTAutograd, holds the fused update, which advances the step counter on the
+    device. Three steps give the same losses, tables, states and counters as eager."""
+    torch._dynamo.reset()
+
+    def make():
+        torch.manual_seed(0)
+        tbe = case(PoolingMode.SUM, optimizer, weights, seed=13)
+        head = torch.nn.Linear(tbe.total_D, 1)
+        return tbe, head
+
+    def loss_of(tbe, head, indices, offsets, target):
+        return ((head(tbe(indices, offsets)) - target) ** 2).mean()
+
+    compiled_loss = torch.compile(loss_of, fullgraph=True, dynamic=False)
+
+    def step(loss_fn, tbe, head, indices, offsets, target):
+        loss = loss_fn(tbe, head, indices, offsets, target)
+        loss.backward()
+        with torch.no_grad():
+            for p in head.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+        return loss.detach()
+
+    eager, compiled = make(), make()
+    for s in range(3):
+        g = torch.Generator().manual_seed(s)
+        # one shape every step (3 lookups per bag), so the step compiles once
+        rows = eager[0].rows_per_table
+        T = eager[0].num_features
+        indices = (torch.rand(T, 6 * 3, generator=g) * rows.unsqueeze(1)).long().flatten()
+        offsets = torch.arange(T * 6 + 1) * 3
+        target = torch.randn(6, 1, generator=g)
+        loss_eager = step(loss_of, *eager, indices, offsets, target)
+        loss_compiled = step(compiled_loss, *compiled, indices, offsets, target)
+        torch.testing.assert_close(loss_compiled, loss_eager, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(compiled[0].weights, eager[0].weights, rtol=1e-6, atol=1e-6)
+    for a, b in zip(compiled[0].split_optimizer_states(), eager[0].split_optimizer_states()):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-6)
+    assert compiled[0].optimizer_counters.tolist() == eager[0].optimizer_counters.tolist()
+    assert int(eager[0].optimizer_counters[0]) == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints and row spaces (issue 32)
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, key", [
+    ("other specs", "weights"),
+    ("other optimizer state", "momentum1"),
+    ("wrong dtype", "weights"),
+    ("missing key", "optimizer_counters"),
+])
+def test_load_state_dict_rejects_a_foreign_state_and_changes_nothing(change, key):
+    module = make_module([(10, 4), (6, 8)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, seed=1)
+    state = {k: v.clone() for k, v in module.state_dict().items()}
+    if change == "other specs":
+        other = make_module([(10, 4), (7, 8)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, seed=2)
+        state = other.state_dict()
+        state["momentum1"] = module.momentum1.clone()  # only the weights differ in size
+    elif change == "other optimizer state":
+        state["momentum1"] = torch.ones(module.total_rows + 1)
+    elif change == "wrong dtype":
+        state["weights"] = state["weights"].half()
+    else:
+        del state["optimizer_counters"]
+    state.setdefault("weights", module.weights.detach().clone())
+    state["weights"] = state["weights"] + 1 if state["weights"].shape == module.weights.shape else state["weights"]
+    before = _training_state(module)
+    with pytest.raises((ValueError, KeyError), match=f"load_state_dict: {key} "):
+        module.load_state_dict(state)
+    _assert_same_state(before, _training_state(module))
+
+
+def test_load_of_a_truncated_checkpoint_raises_and_changes_nothing(tmp_path):
+    module = make_module([(10, 4)], None, PoolingMode.SUM, OptimType.ADAM, seed=1)
+    path = tmp_path / "tbe.pt"
+    torch.save(module.state_dict(), path)
+    path.write_bytes(path.read_bytes()[:200])
+    before = _training_state(module)
+    with pytest.raises(Exception):
+        module.load_state_dict(torch.load(path))
+    _assert_same_state(before, _training_state(module))
+
+
+def test_backward_rejects_overlapping_row_spaces_and_infinite_eps():
+    module = make_module([(10, 4), (6, 2)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD)
+    indices, offsets = torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2, 3, 3])
+    grad = torch.zeros(2, 6)
+    before = module.weights.detach().clone()
+    args = op_args(module, indices, offsets, grad)
+    args[5] = torch.tensor([0, 0])
+    with pytest.raises(RuntimeError, match=r"tbe_backward: features 0 and 1 overlap in the row space"):
+        torch.ops.hipdlrm.tbe_backward(*args)
+    sparse_args = args[:13]
+    with pytest.raises(RuntimeError, match=r"tbe_backward_sparse: features 0 and 1 overlap in the row space"):
+        torch.ops.hipdlrm.tbe_backward_sparse(*sparse_args)
+    with pytest.raises(RuntimeError, match=r"eps \(inf\), beta1 \(0.9\) and beta2 \(0.999\) must be finite"):
+        torch.ops.hipdlrm.tbe_backward(*op_args(module, indices, offsets, grad, eps=float("inf")))
+    assert torch.equal(module.weights.detach(), before)
+    # features of one table share its row space: allowed
+    shared = make_module([(10, 4)], [0, 0], PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD)
+    torch.ops.hipdlrm.tbe_backward(*op_args(shared, indices, offsets, torch.zeros(2, 8)))

@@ -53,8 +53,8 @@
 #include "hipdlrm/gpu/prefetch.h"
 #include "hipdlrm/gpu/reduce.h"
 #include "hipdlrm/gpu/wave_broadcast.h"
-#include "tbe_backward.h"
-#include "tbe_device.h"
+#include "kernels/tbe/tbe_backward.h"
+#include "kernels/tbe/tbe_device.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -71,32 +71,21 @@ constexpr int kBlocksPerSM = 8;  // grid cap of the elementwise kernels (flags, 
 constexpr std::size_t kAlign = 256;
 constexpr int kVec = 4;  // columns per lane vector: 16 bytes of fp32, 8 of fp16/bf16
 static_assert(static_cast<std::uint64_t>(kVec) == kRoundingGroup, "a lane's vector is one rounding group");
-#if defined(HIPDLRM_PLATFORM_HIP)
-constexpr gpu::status_t kWorkspaceTooSmall = hipErrorInvalidValue;
-#else
-constexpr gpu::status_t kWorkspaceTooSmall = cudaErrorInvalidValue;
-#endif
+constexpr gpu::status_t kWorkspaceTooSmall = gpu::kInvalidValue;
 
 // Blocks of the sorted stages (hot pieces, apply): small, so that the register budget below, not the
 // block granularity, sets how many waves fit.
 constexpr int kSegmentBlock = 128;
 
 // Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 6 (80
-// registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4 and for Adam
-// (whose two states per element spill hundreds of bytes in 80 registers), 3 for Adam with 4. The apply
-// kernel is bound by the latency of its per-segment integer work (Nsight Compute: 2.1 cycles per issued
-// instruction waiting on fixed-latency dependencies, ~1 eligible warp per scheduler), so more warps beat more loads in flight per warp: 24 warps with 4 vectors in flight
-// measured 3.6-10% faster than 16 with 8 on the benchmark's dims 192 and 256 (2 vectors per lane; 28 or
-// 32 warps spill and were slower; tests/gpu/tbe_backward_bench.cu, docs/tbe.md). AMD takes no bound:
-// hipcc's second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves per
-// SIMD there. HIPDLRM_TBE_SEGMENT_MIN_BLOCKS overrides it (an experiment knob for the standalone benchmark).
-template <int K, int kOpt>
+// registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4 and for an
+// optimizer with per-element state (Adam's two states per element spill in 80 registers), 3 for that with
+// 4. The apply kernel is bound by the latency of its per-segment integer work, so more warps beat more
+// loads in flight per warp (docs/tbe.md, "Backward"). AMD takes no bound: hipcc's second launch bound
+// means waves per SIMD, and the unbounded kernels fit 3 or more waves per SIMD there.
+template <int K, OptimType kOpt>
 constexpr int segment_min_blocks() {
-#if defined(HIPDLRM_TBE_SEGMENT_MIN_BLOCKS)
-  return HIPDLRM_TBE_SEGMENT_MIN_BLOCKS;
-#else
-  return kOpt == kAdam ? (K >= 4 ? 3 : 4) : (K <= 2 ? 6 : 4);
-#endif
+  return OptimizerTraits<kOpt>::kElementStates > 0 ? (K >= 4 ? 3 : 4) : (K <= 2 ? 6 : 4);
 }
 #define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
 
@@ -120,6 +109,7 @@ struct Workspace {
   std::int32_t* seg_of;     // [N] by sorted position: inclusive scan of flags (segment + 1)
   std::int32_t* seg_start;  // [N + 1]
   float* partials;          // [2 * ceil(N / kHotPiece) * max_D]
+  OptimizerArgs* optim;     // the call's optimizer arguments with its step's values (step_kernel)
   void* sort_temp;
   std::size_t sort_bytes;
   void* scan_temp;
@@ -157,6 +147,7 @@ Workspace carve(const BackwardProblem<index_t>& p, void* base, gpu::stream_t str
   w.seg_start = static_cast<std::int32_t*>(take((n + 1) * 4));
   w.partials = static_cast<float*>(
       take(static_cast<std::size_t>(2 * hot_blocks(p.num_indices)) * static_cast<std::size_t>(p.max_D) * 4));
+  w.optim = static_cast<OptimizerArgs*>(take(sizeof(OptimizerArgs)));
   w.sort_bytes = 0;
   gpu::radix_sort_pairs<std::uint64_t, std::int32_t>(nullptr, w.sort_bytes, nullptr, nullptr, nullptr, nullptr,
                                                      p.num_indices, 0, key_bits(p.total_rows), stream);
@@ -194,7 +185,7 @@ template <typename index_t>
 SegmentProblem segment_problem(const BackwardProblem<index_t>& p) {
   return SegmentProblem{p.grad_output,  p.weights,     p.weights_offsets,        p.D_offsets,
                         p.row_offsets,  p.total_rows,  p.batch_size,             p.total_D,
-                        p.max_D,        p.num_indices, p.pooling_mode == kNone,  p.momentum1,
+                        p.max_D,        p.num_indices, p.pooling_mode == PoolingMode::kNone,  p.momentum1,
                         p.momentum2,    p.optim,       p.grad_rows,              p.segment_weight_offsets,
                         p.segment_dims};
 }
@@ -226,25 +217,12 @@ HIPDLRM_DEVICE int lane_col(int lane, int k) { return (lane + k * gpu::kWaveSize
 // are below 2^31 (D_offsets are int32), so the difference fits; <= 0 means none.
 HIPDLRM_DEVICE int cols_from(std::int64_t cols, std::int64_t col0) { return static_cast<int>(cols - col0); }
 
-// Rows in flight per lane in the summing loops: about 4 vector loads outstanding for K <= 2 (8 measured
-// slower once the register budget above allows 24 warps: they do not fit in 80 registers), 8 (two rows) for
-// K = 4, which keeps 128 registers: 1.4% faster on the standalone benchmark's dim-512 configuration (9.13
-// vs 9.26 ms, two rounds, same digest; benchmarks/results/ab/tbe-k4-ab-8c58cc4.log). K >= 8: one row.
-// HIPDLRM_TBE_VECTORS_IN_FLIGHT sets one count for every K: an experiment knob for the standalone benchmark.
+// Rows in flight per lane in the summing loops: about 4 vector loads outstanding for K <= 2 (8 do not fit
+// in the 80 registers of the budget above), 8 (two rows) for K = 4, which keeps 128 registers.
 template <int K>
 constexpr int rows_in_flight() {
-#if defined(HIPDLRM_TBE_VECTORS_IN_FLIGHT)
-  return HIPDLRM_TBE_VECTORS_IN_FLIGHT / K > 0 ? HIPDLRM_TBE_VECTORS_IN_FLIGHT / K : 1;
-#else
   return K == 4 ? 2 : (4 / K > 0 ? 4 / K : 1);
-#endif
 }
-
-// Whether the summing loops size their row groups to the rows left (1, 2, 4, ... up to U) instead of
-// always issuing U (default 1; 0 is the previous code, kept for the A/B).
-#if !defined(HIPDLRM_TBE_FIT_GROUPS)
-#define HIPDLRM_TBE_FIT_GROUPS 1
-#endif
 
 // Columns [col, col + 4) of a row of T with `cols` columns, as raw storage: one vector load when `whole`
 // (the row starts on a vector boundary and cols is a multiple of 4), else element by element; zeros
@@ -323,7 +301,7 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
   const std::int64_t n = p.num_indices;
   const std::int64_t bags = p.num_features * p.batch_size;
   const std::uint64_t sentinel = static_cast<std::uint64_t>(p.total_rows);
-  const bool sequence = p.pooling_mode == kNone;
+  const bool sequence = p.pooling_mode == PoolingMode::kNone;
   for (std::int64_t i0 = global_wave() * gpu::kWaveSize; i0 < n; i0 += wave_count() * gpu::kWaveSize) {
     const std::int64_t i = i0 + lane;
     // Lane l holds the start of the l-th bag after the one holding i0; a lane's bag is that one plus the
@@ -358,7 +336,7 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
     float s = 0.0f;
     if (valid) {
       s = p.per_sample_weights != nullptr ? p.per_sample_weights[i] : 1.0f;
-      if (p.pooling_mode == kMean) s *= 1.0f / static_cast<float>(len);
+      if (p.pooling_mode == PoolingMode::kMean) s *= 1.0f / static_cast<float>(len);
     }
     w.keys_in[i] = valid ? static_cast<std::uint64_t>(key) : sentinel;
     w.pos_in[i] = static_cast<std::int32_t>(i);
@@ -422,7 +400,7 @@ __global__ void __launch_bounds__(kBlock) psw_grad_kernel(BackwardProblem<index_
   static_assert(gpu::kWaveSize % kDotRows == 0, "lookup groups tile the wave");
   const int lane = gpu::lane_id();
   const std::int64_t n = p.num_indices;
-  const bool sequence = p.pooling_mode == kNone;
+  const bool sequence = p.pooling_mode == PoolingMode::kNone;
   const W* weights = static_cast<const W*>(p.weights);
   const bool aligned = gpu::is_aligned(p.grad_output, 16) && gpu::is_aligned(weights, kVec * sizeof(W));
   for (std::int64_t i0 = global_wave() * gpu::kWaveSize; i0 < n; i0 += wave_count() * gpu::kWaveSize) {
@@ -440,7 +418,7 @@ __global__ void __launch_bounds__(kBlock) psw_grad_kernel(BackwardProblem<index_
         go = sequence ? i * p.max_D : (g - t * p.batch_size) * p.total_D + d0;
         wo = p.weights_offsets[t] + (static_cast<std::int64_t>(w.keys_in[i]) - p.row_offsets[t]) * D;
         cols = static_cast<std::int32_t>(D);
-        inv_len = p.pooling_mode == kMean
+        inv_len = p.pooling_mode == PoolingMode::kMean
                       ? 1.0f / static_cast<float>(clamped_offset(p, g + 1) - clamped_offset(p, g))
                       : 1.0f;
       }
@@ -564,20 +542,12 @@ constexpr int prefetch_ahead_rows() {
 // Two builds of the apply kernel, both launched, each checking on the device which of them the call's
 // segments want (the other returns at once): with few lookups per segment (uniform indices) no L2
 // prefetch at all — with 24 warps per multiprocessor (segment_min_blocks) the prefetch's integer work
-// and registers cost more than the latency it hides, even compiled in and not taken (same-run A/B at
-// 888a125 and 6f05f02: 6-14% faster without it on configurations 0, 1); with more than
+// and registers cost more than the latency it hides, even compiled in and not taken; with more than
 // kPrefetchMinMean lookups per segment on average (Zipf indices, hot rows) the build that, inside a
-// segment longer than kPrefetchMinRows, prefetches that segment's next rows (8-10% faster there;
-// tests/gpu/tbe_backward_bench.cu, docs/tbe.md). The hot-piece kernel always prefetches (its segments
-// are long by definition).
-#if !defined(HIPDLRM_TBE_PREFETCH_MIN_ROWS)
-#define HIPDLRM_TBE_PREFETCH_MIN_ROWS 8
-#endif
-#if !defined(HIPDLRM_TBE_PREFETCH_MIN_MEAN)
-#define HIPDLRM_TBE_PREFETCH_MIN_MEAN 8
-#endif
-constexpr std::int64_t kPrefetchMinMean = HIPDLRM_TBE_PREFETCH_MIN_MEAN;
-constexpr std::int64_t kPrefetchMinRows = HIPDLRM_TBE_PREFETCH_MIN_ROWS;
+// segment longer than kPrefetchMinRows, prefetches that segment's next rows (docs/tbe.md, "Backward").
+// The hot-piece kernel always prefetches (its segments are long by definition).
+constexpr std::int64_t kPrefetchMinMean = 8;
+constexpr std::int64_t kPrefetchMinRows = 8;
 
 // Prefetches into L2 the gradient rows of the cached lookups at sorted positions [c.prefetched, end),
 // end = min(target, the cache's end), one per lane: the loads of the next rows of a long segment then
@@ -621,7 +591,7 @@ HIPDLRM_DEVICE void add_lookups(const float* grad, const LookupCache& c, std::in
       const int col = lane_col(lane, k);
       float v[kVec];
       gpu::unpack_to_float(x[u][k], v);
-      if constexpr (kWhole && HIPDLRM_TBE_FIT_GROUPS) {
+      if constexpr (kWhole) {
         // Whole vectors: col and left are multiples of 4, so one test covers the vector's 4 columns.
         if (col < left[u]) {
 #pragma unroll
@@ -642,7 +612,7 @@ HIPDLRM_DEVICE void add_lookups(const float* grad, const LookupCache& c, std::in
 template <int U, int K>
 HIPDLRM_DEVICE void add_whole_rows(const float* grad, const LookupCache& c, std::int64_t j, int m, std::int64_t col0,
                                    float (&acc)[K][kVec]) {
-  if constexpr (U > 1 && HIPDLRM_TBE_FIT_GROUPS) {
+  if constexpr (U > 1) {
     if (m <= U / 2) {
       add_whole_rows<U / 2, K>(grad, c, j, m, col0, acc);
       return;
@@ -655,7 +625,7 @@ HIPDLRM_DEVICE void add_whole_rows(const float* grad, const LookupCache& c, std:
 // chunk at col0; 0 for a column past the lookup's dim). Every lane of the wave calls it alike. Rows of
 // whole vectors go U at a time; others (dims or starts not a multiple of 4) one at a time. With kPrefetch,
 // the rows of a segment longer than kPrefetchMinRows are prefetched a group ahead.
-template <typename W, int K, int kOpt, bool kPrefetch>
+template <typename W, int K, OptimType kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void sum_lookups(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
                                 std::int64_t hi, std::int64_t col0, float (&acc)[K][kVec]) {
   constexpr int U = rows_in_flight<K>();
@@ -700,7 +670,7 @@ HIPDLRM_DEVICE Segment segment_at(const Workspace& w, std::int64_t s) {
 HIPDLRM_DEVICE bool partials_whole(std::int64_t max_D, std::int64_t D) { return max_D % kVec == 0 && D % kVec == 0; }
 
 template <int K>
-__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kWriteGradient>()))
+__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, OptimType::kNone>()))
     hot_pieces_kernel(SegmentProblem p, Workspace w) {
   constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize * kVec;
   const int lane = gpu::lane_id();
@@ -724,7 +694,7 @@ __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kWriteGradient
     const bool whole = partials_whole(p.max_D, D);
     for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
       float acc[K][kVec];
-      sum_lookups<float, K, kWriteGradient, true>(p, w, c, lo, hi, col0, acc);
+      sum_lookups<float, K, OptimType::kNone, true>(p, w, c, lo, hi, col0, acc);
 #pragma unroll
       for (int k = 0; k < K; ++k) store_cols(out + col0, lane_col(lane, k), cols_from(D, col0), whole, acc[k]);
     }
@@ -781,7 +751,7 @@ HIPDLRM_DEVICE void sum_pieces(const Workspace& w, std::int64_t max_D, std::int6
 }
 
 // The summed gradient of the chunk at col0 of the segment [lo, hi) of sorted positions.
-template <typename W, int K, int kOpt, bool kPrefetch>
+template <typename W, int K, OptimType kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void row_gradient(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t lo,
                                  std::int64_t hi, std::int64_t D, std::int64_t col0, float (&acc)[K][kVec]) {
   if (hi - lo <= kHotPiece) sum_lookups<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, col0, acc);
@@ -810,11 +780,11 @@ HIPDLRM_DEVICE void round_vector(const float (&v)[kVec], const OptimizerArgs& o,
 
 // A row's weights (and Adam's states) in one chunk, as raw storage: loaded before the gradient is summed,
 // converted when the update needs them.
-template <typename W, int K, int kOpt>
+template <typename W, int K, OptimType kOpt>
 struct RowState {
   Pack<W, kVec> w[K];
-  Pack<float, kVec> m1[kOpt == kAdam ? K : 1];
-  Pack<float, kVec> m2[kOpt == kAdam ? K : 1];
+  Pack<float, kVec> m1[OptimizerTraits<kOpt>::kElementStates >= 1 ? K : 1];
+  Pack<float, kVec> m2[OptimizerTraits<kOpt>::kElementStates >= 2 ? K : 1];
 };
 
 // The segment's row: its weights (and Adam's states) from element offset `offset`, and how they move.
@@ -826,65 +796,44 @@ struct RowRef {
   bool w_whole, m_whole;
 };
 
-template <typename W, int K, int kOpt>
+template <typename W, int K, OptimType kOpt>
 HIPDLRM_DEVICE void load_row(const RowRef<W>& ref, std::int64_t col0, int left, RowState<W, K, kOpt>& r) {
   const int lane = gpu::lane_id();
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     r.w[k] = load_cols(ref.w + col0, lane_col(lane, k), left, ref.w_whole);
-    if constexpr (kOpt == kAdam) {
+    if constexpr (OptimizerTraits<kOpt>::kElementStates >= 1)
       r.m1[k] = load_cols(ref.m1 + col0, lane_col(lane, k), left, ref.m_whole);
+    if constexpr (OptimizerTraits<kOpt>::kElementStates >= 2)
       r.m2[k] = load_cols(ref.m2 + col0, lane_col(lane, k), left, ref.m_whole);
-    }
   }
 }
 
-// The optimizer's update of the lane's k-th vector of the chunk at col0, from its summed gradient g.
-template <typename W, int K, int kOpt>
+// The optimizer's update (update_element, tbe_optimizer.h) of the lane's k-th vector of the chunk at col0,
+// from its summed gradient g.
+template <typename W, int K, OptimType kOpt>
 HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, std::int64_t col0, int left,
                                   const RowState<W, K, kOpt>& r, int k, const float (&g_in)[kVec], float multiplier,
                                   std::uint64_t row_state) {
+  constexpr int kStates = OptimizerTraits<kOpt>::kElementStates;
   const int col = lane_col(gpu::lane_id(), k);
   if (col >= left) return;
   float wv[kVec], next[kVec], mv[kVec], vv[kVec];
   gpu::unpack_to_float(r.w[k], wv);
-  if constexpr (kOpt == kAdam) {
-    gpu::unpack_to_float(r.m1[k], mv);
-    gpu::unpack_to_float(r.m2[k], vv);
-  }
+  if constexpr (kStates >= 1) gpu::unpack_to_float(r.m1[k], mv);
+  if constexpr (kStates >= 2) gpu::unpack_to_float(r.m2[k], vv);
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) {
-    const float x = wv[e];
-    float g = g_in[e];
-    if constexpr (kOpt == kSgd) {
-      if (o.weight_decay_mode != kDecayNone) g = fmaf(o.weight_decay, x, g);
-      next[e] = x - o.learning_rate * g;
-    } else if constexpr (kOpt == kRowwiseAdagrad) {
-      if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, x, g);
-      next[e] = x - multiplier * g;
-      if (o.weight_decay_mode == kDecayDecoupled) next[e] -= o.learning_rate * o.weight_decay * x;
-    } else {
-      if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, x, g);
-      const float m = o.beta1 * mv[e] + (1.0f - o.beta1) * g;
-      const float v = o.beta2 * vv[e] + (1.0f - o.beta2) * g * g;
-      mv[e] = m;
-      vv[e] = v;
-      next[e] = x - o.learning_rate * ((m / o.bias_correction1) / (sqrtf(v / o.bias_correction2) + o.eps));
-      if (o.weight_decay_mode == kDecayDecoupled) next[e] -= o.learning_rate * o.weight_decay * x;
-    }
-  }
+  for (int e = 0; e < kVec; ++e) next[e] = update_element<kOpt>(o, wv[e], g_in[e], multiplier, mv[e], vv[e]);
   W out[kVec];
   round_vector<W>(next, o, row_state, col0 + col, out);
   store_cols(ref.w + col0, col, left, ref.w_whole, out);
-  if constexpr (kOpt == kAdam) {
-    store_cols(ref.m1 + col0, col, left, ref.m_whole, mv);
-    store_cols(ref.m2 + col0, col, left, ref.m_whole, vv);
-  }
+  if constexpr (kStates >= 1) store_cols(ref.m1 + col0, col, left, ref.m_whole, mv);
+  if constexpr (kStates >= 2) store_cols(ref.m2 + col0, col, left, ref.m_whole, vv);
 }
 
 // One segment (sorted positions [lo, hi), segment number s): its summed gradient written out
-// (kWriteGradient) or applied to its row by optimizer kOpt. Every lane of the wave calls it alike.
-template <typename W, int K, int kOpt, bool kPrefetch>
+// (OptimType::kNone) or applied to its row by optimizer kOpt. Every lane of the wave calls it alike.
+template <typename W, int K, OptimType kOpt, bool kPrefetch>
 HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, LookupCache& c, std::int64_t s,
                                   std::int64_t lo, std::int64_t hi) {
   constexpr int U = rows_in_flight<K>();
@@ -901,7 +850,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
   const bool skipped = key == static_cast<std::uint64_t>(p.total_rows);  // the lookups that contribute nothing
   float acc[K][kVec];
 
-  if constexpr (kOpt == kWriteGradient) {
+  if constexpr (kOpt == OptimType::kNone) {
     if (lane == 0) {
       p.segment_weight_offsets[s] = skipped ? 0 : row_offset;
       p.segment_dims[s] = skipped ? 0 : static_cast<std::int32_t>(D);
@@ -918,7 +867,10 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     if (skipped) return;
     RowRef<W> ref{static_cast<W*>(p.weights) + row_offset, nullptr, nullptr, false, false};
     ref.w_whole = D % kVec == 0 && gpu::is_aligned(ref.w, kVec * sizeof(W));
-    if constexpr (kOpt == kAdam) {
+    if constexpr (OptimizerTraits<kOpt>::kElementStates == 1) {
+      ref.m1 = p.momentum1 + row_offset;
+      ref.m_whole = D % kVec == 0 && gpu::is_aligned(ref.m1, 16);
+    } else if constexpr (OptimizerTraits<kOpt>::kElementStates == 2) {
       ref.m1 = p.momentum1 + row_offset;
       ref.m2 = p.momentum2 + row_offset;
       ref.m_whole = D % kVec == 0 && gpu::is_aligned(ref.m1, 16) && gpu::is_aligned(ref.m2, 16);
@@ -930,16 +882,16 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
     float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
-    if constexpr (kOpt == kRowwiseAdagrad) state = p.momentum1[key];
+    if constexpr (OptimizerTraits<kOpt>::kRowState) state = p.momentum1[key];
     const std::uint64_t row_state =
         !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(o.rounding_step_state, key) : 0;
-    const int passes = kOpt == kRowwiseAdagrad && !single ? 2 : 1;
+    const int passes = kOpt == OptimType::kExactRowwiseAdagrad && !single ? 2 : 1;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
         const int left = cols_from(D, col0);
         if (!single) load_row(ref, col0, left, r);
         row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, acc);
-        if constexpr (kOpt == kRowwiseAdagrad) {
+        if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
           if (pass == 0) {
 #pragma unroll
             for (int k = 0; k < K; ++k) {
@@ -949,16 +901,14 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
               for (int e = 0; e < kVec; ++e) {
                 if (col + e >= left) continue;
-                float g = acc[k][e];
-                if (o.weight_decay_mode == kDecayL2) g = fmaf(o.weight_decay, wv[e], g);
-                squares = fmaf(g, g, squares);
+                squares = rowwise_adagrad_add_square(o, wv[e], acc[k][e], squares);
               }
             }
             if (col0 + kChunk < D) continue;  // the rest of the row first (this pass only measures)
             squares = gpu::wave_reduce(squares, gpu::SumOp());
-            const float updated = state + squares / static_cast<float>(D);
+            const float updated = rowwise_adagrad_state(state, squares, D);
             if (lane == 0) p.momentum1[key] = updated;
-            multiplier = o.learning_rate / (sqrtf(updated) + o.eps);
+            multiplier = rowwise_adagrad_multiplier(o, updated);
             if (!single) continue;  // the second pass sums each chunk again and updates it
           }
         }
@@ -969,10 +919,21 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
   }
 }
 
+// One thread: the call's step (the counter plus one, written back) and its per-step values, for the apply
+// kernels. On the device, so the host never reads the counter (no synchronisation; graph-capturable).
+__global__ void step_kernel(OptimizerArgs o, std::int64_t* counters, double beta1, double beta2,
+                            OptimizerArgs* out) {
+  const std::int64_t step = counters[0] + 1;
+  counters[0] = step;
+  set_step(o, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(counters[1]), beta1, beta2);
+  *out = o;
+}
+
 // Each wave takes W consecutive segments per pass (their bounds loaded at once, one per lane).
-template <typename W, int K, int kOpt, bool kPrefetch>
+template <typename W, int K, OptimType kOpt, bool kPrefetch>
 __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
     apply_kernel(SegmentProblem p, Workspace w, const std::int32_t* num_segments) {
+  if constexpr (kOpt != OptimType::kNone) p.optim = *w.optim;  // this call's step (step_kernel)
   const int lane = gpu::lane_id();
   const std::int64_t segments = *num_segments;
   if ((p.num_indices > kPrefetchMinMean * segments) != kPrefetch) return;  // the other build's call
@@ -1034,7 +995,7 @@ void launch_hot(const SegmentProblem& sp, const Workspace& w, int wave_size, int
   kernel<<<grid, kSegmentBlock, 0, stream>>>(sp, w);
 }
 
-template <typename W, int K, int kOpt>
+template <typename W, int K, OptimType kOpt>
 void launch_apply(const SegmentProblem& sp, const Workspace& w, const std::int32_t* num_segments,
                   std::int64_t max_segments, int wave_size, int multiprocessors, gpu::stream_t stream) {
   // Both builds (see kPrefetchMinMean); the one the segments do not want exits at once.
@@ -1047,7 +1008,7 @@ void launch_apply(const SegmentProblem& sp, const Workspace& w, const std::int32
                 stream>>>(sp, w, num_segments);
 }
 
-template <int K, int kOpt>
+template <int K, OptimType kOpt>
 void launch_apply_weights(const SegmentProblem& sp, DType weights_dtype, const Workspace& w,
                           const std::int32_t* num_segments, std::int64_t max_segments, int wave_size,
                           int multiprocessors, gpu::stream_t stream) {
@@ -1067,19 +1028,19 @@ void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspa
                     const std::int32_t* num_segments, std::int64_t max_segments, int wave_size, int multiprocessors,
                     gpu::stream_t stream) {
   switch (sp.optim.optimizer) {
-    case kWriteGradient:  // touches no weight: one instantiation serves every weight type
-      launch_apply<float, K, kWriteGradient>(sp, w, num_segments, max_segments, wave_size, multiprocessors, stream);
+    case OptimType::kNone:  // touches no weight: one instantiation serves every weight type
+      launch_apply<float, K, OptimType::kNone>(sp, w, num_segments, max_segments, wave_size, multiprocessors, stream);
       break;
-    case kSgd:
-      launch_apply_weights<K, kSgd>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
+    case OptimType::kExactSgd:
+      launch_apply_weights<K, OptimType::kExactSgd>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
                                     stream);
       break;
-    case kRowwiseAdagrad:
-      launch_apply_weights<K, kRowwiseAdagrad>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
+    case OptimType::kExactRowwiseAdagrad:
+      launch_apply_weights<K, OptimType::kExactRowwiseAdagrad>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
                                                multiprocessors, stream);
       break;
     default:
-      launch_apply_weights<K, kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
+      launch_apply_weights<K, OptimType::kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
                                      stream);
       break;
   }
@@ -1136,9 +1097,15 @@ template <typename index_t>
 gpu::status_t launch_backward_apply(const BackwardProblem<index_t>& p, void* workspace, std::size_t workspace_bytes,
                                     const std::int32_t* num_segments, std::int64_t max_segments, int wave_size,
                                     int multiprocessors, gpu::stream_t stream) {
-  if (p.num_indices == 0 || max_segments <= 0) return gpu::kSuccess;
   const Workspace w = carve(p, workspace, stream);
   if (w.total > workspace_bytes) return kWorkspaceTooSmall;
+  if (p.optim.optimizer != OptimType::kNone) {  // every call is a step, whatever it touches
+    if (p.optimizer_counters == nullptr) return gpu::kInvalidValue;
+    step_kernel<<<1, 1, 0, stream>>>(p.optim, p.optimizer_counters, p.beta1, p.beta2, w.optim);
+    const gpu::status_t st = gpu::last_launch_status();
+    if (st != gpu::kSuccess) return st;
+  }
+  if (p.num_indices == 0 || max_segments <= 0) return gpu::kSuccess;
   const SegmentProblem sp = segment_problem(p);
   switch (vectors_per_lane(p.max_D, wave_of(wave_size))) {
     case 1:

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "hipdlrm/gpu/platform.h"
-#include "tbe_backward_types.h"
+#include "kernels/tbe/tbe_backward_types.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -24,7 +24,8 @@ gpu::status_t launch_backward_prepare(const BackwardProblem<index_t>& p, void* w
                                       std::int32_t* num_segments, int wave_size, int multiprocessors,
                                       gpu::stream_t stream);
 
-// Stage 2: one wave per segment applies p.optim to its row (or, for kWriteGradient, writes the summed row
+// Stage 2: the step (p.optimizer_counters[0] += 1, unless OptimType::kNone), then one wave per segment
+// applies p.optim to its row (or, for OptimType::kNone, writes the summed row
 // to p.grad_rows). Reads the workspace that stage 1 filled; `max_segments` bounds the segment count
 // (the lookup count, or the count read back from stage 1).
 template <typename index_t>

@@ -2,7 +2,7 @@
 // translation unit of the weight type (tbe_forward_{fp32,fp16,bf16}.cu; kernels in tbe_forward_impl.cuh).
 // The kernels are split by weight type so that a build compiles them in parallel.
 #include "hipdlrm/gpu/launch.h"
-#include "tbe_forward_dispatch.h"
+#include "kernels/tbe/tbe_forward_dispatch.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -14,7 +14,7 @@ gpu::status_t launch_forward(const ForwardProblem<index_t>& p, int wave_size, in
   const std::int64_t bags = p.num_features * p.batch_size;
   if (bags <= 0) return gpu::kSuccess;
   const int wave = wave_size > 0 ? wave_size : gpu::kWaveSize;
-  const Layout layout = choose_layout(p.max_D, dtype_bytes(p.weights_dtype), wave, p.pooling_mode == kNone ? 1 : kMaxVecsPerLane);
+  const Layout layout = choose_layout(p.max_D, dtype_bytes(p.weights_dtype), wave, p.pooling_mode == PoolingMode::kNone ? 1 : kMaxVecsPerLane);
   const std::int64_t groups_per_block = kForwardBlock / layout.group_lanes;
   const std::int64_t resident =
       multiprocessors > 0 ? static_cast<std::int64_t>(multiprocessors) * kForwardBlocksPerSM : 0;

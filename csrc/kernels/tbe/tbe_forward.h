@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "hipdlrm/gpu/platform.h"
-#include "tbe_types.h"
+#include "kernels/tbe/tbe_types.h"
 
 namespace hipdlrm {
 namespace kernels {

@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "hipdlrm/gpu/numeric.h"
-#include "tbe_forward.h"
+#include "kernels/tbe/tbe_forward.h"
 
 namespace hipdlrm {
 namespace kernels {

@@ -25,8 +25,8 @@
 #pragma once
 
 #include "hipdlrm/gpu/numeric.h"
-#include "tbe_forward_dispatch.h"
-#include "tbe_device.h"
+#include "kernels/tbe/tbe_forward_dispatch.h"
+#include "kernels/tbe/tbe_device.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
   const std::int64_t groups_per_block = kForwardBlock >> group_log2;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * groups_per_block;
   const std::int64_t bags = p.num_features * p.batch_size;
-  const bool mean = p.pooling_mode == kMean;
+  const bool mean = p.pooling_mode == PoolingMode::kMean;
 
   std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
   if (g >= bags) return;
@@ -354,7 +354,7 @@ template <typename W, typename O, typename index_t>
 void launch_output(const ForwardProblem<index_t>& p, const Layout& layout, std::int64_t grid, gpu::stream_t stream) {
   const int group_log2 = log2_of(layout.group_lanes);
   const unsigned blocks = static_cast<unsigned>(grid);
-  if (p.pooling_mode == kNone) {
+  if (p.pooling_mode == PoolingMode::kNone) {
     tbe_sequence_kernel<W, O, index_t><<<blocks, kForwardBlock, 0, stream>>>(p, group_log2);
     return;
   }

@@ -9,8 +9,18 @@ namespace hipdlrm {
 namespace kernels {
 namespace tbe {
 
-// FBGEMM's PoolingMode codes.
-enum PoolingMode : int { kSum = 0, kMean = 1, kNone = 2 };
+// The codes of the ops' pooling_mode, optimizer and weight_decay_mode arguments, defined here once: the
+// Python enums of the same names (hipdlrm/tbe.py) carry the same values, which a test checks against the
+// table the library exports (torch.ops.hipdlrm.tbe_enum). PoolingMode and WeightDecayMode are FBGEMM's.
+enum class PoolingMode : int { kSum = 0, kMean = 1, kNone = 2 };
+
+// The update fused into the backward. kNone fuses none: the backward writes each row's summed gradient
+// instead (the sparse gradient that tbe_backward_sparse returns).
+enum class OptimType : int { kNone = 0, kExactSgd = 1, kExactRowwiseAdagrad = 2, kAdam = 3 };
+
+// L2 adds weight_decay * w to the gradient; kDecoupled subtracts learning_rate * weight_decay * w from
+// the weight after the update (AdamW's form).
+enum class WeightDecayMode : int { kNone = 0, kL2 = 1, kDecoupled = 2 };
 
 // Element formats of the weights and of the output.
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
@@ -34,7 +44,7 @@ struct ForwardProblem {
   const index_t* indices = nullptr;               // [N]
   std::int64_t num_indices = 0;                   // N
   const index_t* offsets = nullptr;               // [T * B + 1]
-  PoolingMode pooling_mode = kSum;
+  PoolingMode pooling_mode = PoolingMode::kSum;
   const float* per_sample_weights = nullptr;      // [N] or null
   void* output = nullptr;                         // [B, total_D], or [N, max_D] in NONE mode
   DType output_dtype = DType::kFloat32;

@@ -6,7 +6,7 @@
 
 #include <optional>
 
-#include "../../kernels/tbe/tbe_types.h"
+#include "kernels/tbe/tbe_types.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -22,7 +22,7 @@ struct ForwardShape {
   std::int64_t num_features = 0;  // T
   std::int64_t batch_size = 0;    // B
   std::int64_t num_indices = 0;   // N
-  PoolingMode pooling_mode = kernels::tbe::kSum;
+  PoolingMode pooling_mode = PoolingMode::kSum;
   DType weights_dtype = DType::kFloat32;
   DType output_dtype = DType::kFloat32;
 };

@@ -5,8 +5,9 @@
 // every row gradient: the lookups are stably sorted by row (positions ascending within a row), each
 // row's gradient is summed in fp32 with fused multiply-adds in that order, and a row with more than
 // kHotPiece lookups is summed in pieces cut at the multiples of kHotPiece of the sorted order, the
-// pieces then added in order. The optimizer arithmetic is the same too (the GPU's wave reduction of
-// row-wise Adagrad's sum of squares and of the per-sample-weight dot products may round differently).
+// pieces then added in order. The optimizer arithmetic is the GPU's own (kernels/tbe/tbe_optimizer.h; the
+// GPU's wave reduction of row-wise Adagrad's sum of squares and of the per-sample-weight dot products may
+// round differently).
 #include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
@@ -16,7 +17,7 @@
 #include <numeric>
 #include <vector>
 
-#include "tbe_backward.h"
+#include "ops/tbe/tbe_backward.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -24,6 +25,8 @@ namespace tbe {
 namespace {
 
 namespace ktbe = kernels::tbe;
+using ktbe::OptimType;
+using ktbe::PoolingMode;
 
 // The weight formats: float32, float16, bfloat16.
 #define HIPDLRM_TBE_DISPATCH_WEIGHTS(TYPE, NAME, ...)                         \
@@ -57,7 +60,7 @@ template <typename index_t>
 Plan make_plan(const BackwardShape& s, const std::int64_t* row_offsets, const index_t* idx, const index_t* off,
                const float* psw) {
   const std::int64_t T = s.forward.num_features, B = s.forward.batch_size, N = s.forward.num_indices;
-  const bool mean = s.forward.pooling_mode == ktbe::kMean;
+  const bool mean = s.forward.pooling_mode == PoolingMode::kMean;
   Plan p;
   p.bag.assign(static_cast<std::size_t>(N), -1);
   p.key.assign(static_cast<std::size_t>(N), 0);
@@ -100,7 +103,7 @@ struct Context {
 void sum_lookups(const Context& c, std::int64_t lo, std::int64_t hi, std::int64_t D, float* acc) {
   std::fill(acc, acc + D, 0.0f);
   const std::int64_t B = c.shape->forward.batch_size;
-  const bool sequence = c.shape->forward.pooling_mode == ktbe::kNone;
+  const bool sequence = c.shape->forward.pooling_mode == PoolingMode::kNone;
   for (std::int64_t j = lo; j < hi; ++j) {
     const std::int64_t pos = c.plan->order[j];
     const std::int64_t g = c.plan->bag[pos], t = g / B;
@@ -141,42 +144,52 @@ W round_weight(float v, const OptimizerArgs& o, std::uint64_t row_state, std::in
   return static_cast<W>(v);
 }
 
-// Applies the optimizer to one row given its summed gradient g[0, D).
-template <typename W>
+// Applies optimizer kOpt to one row given its summed gradient g[0, D): the update of tbe_optimizer.h,
+// column by column. `row_offset` is the row's element offset (the index of its per-element states), `key`
+// its row number (the index of its per-row state).
+template <typename W, OptimType kOpt>
 void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_offset, std::uint64_t key,
-               float* g, float* momentum1, float* momentum2) {
+               const float* g, float* momentum1, float* momentum2) {
+  constexpr int kStates = ktbe::OptimizerTraits<kOpt>::kElementStates;
   float multiplier = o.learning_rate;
-  if (o.optimizer == ktbe::kRowwiseAdagrad) {
+  if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
     float squares = 0.0f;
-    for (std::int64_t d = 0; d < D; ++d) {
-      if (o.weight_decay_mode == ktbe::kDecayL2) g[d] = std::fma(o.weight_decay, static_cast<float>(row[d]), g[d]);
-      squares = std::fma(g[d], g[d], squares);
-    }
-    const float updated = momentum1[key] + squares / static_cast<float>(D);
+    for (std::int64_t d = 0; d < D; ++d)
+      squares = ktbe::rowwise_adagrad_add_square(o, static_cast<float>(row[d]), g[d], squares);
+    const float updated = ktbe::rowwise_adagrad_state(momentum1[key], squares, D);
     momentum1[key] = updated;
-    multiplier = o.learning_rate / (std::sqrt(updated) + o.eps);
+    multiplier = ktbe::rowwise_adagrad_multiplier(o, updated);
   }
   const std::uint64_t row_state = ktbe::rounding_row_state_from(o.rounding_step_state, key);
+  float no_state = 0.0f;
   for (std::int64_t d = 0; d < D; ++d) {
-    const float wv = static_cast<float>(row[d]);
-    float gd = g[d];
-    float next;
-    if (o.optimizer == ktbe::kSgd) {
-      if (o.weight_decay_mode != ktbe::kDecayNone) gd = std::fma(o.weight_decay, wv, gd);
-      next = wv - o.learning_rate * gd;
-    } else if (o.optimizer == ktbe::kRowwiseAdagrad) {
-      next = wv - multiplier * gd;  // L2 decay is already in g
-      if (o.weight_decay_mode == ktbe::kDecayDecoupled) next -= o.learning_rate * o.weight_decay * wv;
-    } else {
-      if (o.weight_decay_mode == ktbe::kDecayL2) gd = std::fma(o.weight_decay, wv, gd);
-      float& m1 = momentum1[row_offset + d];
-      float& m2 = momentum2[row_offset + d];
-      m1 = o.beta1 * m1 + (1.0f - o.beta1) * gd;
-      m2 = o.beta2 * m2 + (1.0f - o.beta2) * gd * gd;
-      next = wv - o.learning_rate * ((m1 / o.bias_correction1) / (std::sqrt(m2 / o.bias_correction2) + o.eps));
-      if (o.weight_decay_mode == ktbe::kDecayDecoupled) next -= o.learning_rate * o.weight_decay * wv;
-    }
+    float& m1 = kStates >= 1 ? momentum1[row_offset + d] : no_state;
+    float& m2 = kStates >= 2 ? momentum2[row_offset + d] : no_state;
+    const float next = ktbe::update_element<kOpt>(o, static_cast<float>(row[d]), g[d], multiplier, m1, m2);
     row[d] = round_weight<W>(next, o, row_state, d);
+  }
+}
+
+// Features whose row spaces overlap must be one table (the same row_offsets entry, rows, weights offset and
+// dim): otherwise one table's update would land in another's rows, or its per-row state be another's.
+void check_row_spaces(const char* op, const BackwardShape& s, const std::int64_t* ro, const std::int64_t* rows,
+                      const std::int64_t* wo, const std::int32_t* doff) {
+  const std::int64_t T = s.forward.num_features;
+  std::vector<std::int64_t> order(static_cast<std::size_t>(T));
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](std::int64_t x, std::int64_t y) { return ro[x] < ro[y]; });
+  const auto dim = [&](std::int64_t t) { return static_cast<std::int64_t>(doff[t + 1]) - doff[t]; };
+  std::int64_t last = -1;  // the feature whose rows end furthest so far
+  for (const std::int64_t t : order) {
+    if (rows[t] <= 0) continue;
+    if (last >= 0 && ro[t] < ro[last] + rows[last]) {
+      TORCH_CHECK(ro[t] == ro[last] && rows[t] == rows[last] && wo[t] == wo[last] && dim(t) == dim(last), op,
+                  ": features ", last, " and ", t, " overlap in the row space (row_offsets ", ro[last], " and ", ro[t],
+                  ", ", rows[last], " and ", rows[t], " rows) but are not one table (weights_offsets ", wo[last],
+                  " and ", wo[t], ", dims ", dim(last), " and ", dim(t),
+                  "); features share row numbers only when they share the table");
+    }
+    if (last < 0 || ro[t] + rows[t] > ro[last] + rows[last]) last = t;
   }
 }
 
@@ -188,35 +201,34 @@ struct Prepared {
   at::Tensor grad_psw;
 };
 
-Prepared prepare_cpu(const BackwardShape& s, const at::Tensor& grad_output, const at::Tensor& weights,
-                     const at::Tensor& weights_offsets, const at::Tensor& D_offsets, const at::Tensor& rows_per_table,
-                     const at::Tensor& row_offsets, std::int64_t total_D, std::int64_t max_D,
-                     const at::Tensor& indices, const at::Tensor& offsets,
-                     const std::optional<at::Tensor>& per_sample_weights) {
-  check_forward_values(s.forward, weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices,
-                       offsets);
-  const std::int64_t* ro = row_offsets.data_ptr<std::int64_t>();
-  const std::int64_t* rows = rows_per_table.data_ptr<std::int64_t>();
+Prepared prepare_cpu(const BackwardShape& s, const BackwardArgs& a) {
+  const at::Tensor& weights = a.weights;
+  const std::int64_t total_D = a.total_D, max_D = a.max_D;
+  check_forward_values(s.forward, weights, a.weights_offsets, a.D_offsets, a.rows_per_table, total_D, max_D,
+                       a.indices, a.offsets);
+  const std::int64_t* ro = a.row_offsets.data_ptr<std::int64_t>();
+  const std::int64_t* rows = a.rows_per_table.data_ptr<std::int64_t>();
+  check_row_spaces(a.op, s, ro, rows, a.weights_offsets.data_ptr<std::int64_t>(), a.D_offsets.data_ptr<std::int32_t>());
   for (std::int64_t t = 0; t < s.forward.num_features; ++t) {
-    TORCH_CHECK(ro[t] >= 0 && ro[t] <= s.total_rows - rows[t], "tbe_backward: feature ", t, "'s rows (row_offsets[",
+    TORCH_CHECK(ro[t] >= 0 && ro[t] <= s.total_rows - rows[t], a.op, ": feature ", t, "'s rows (row_offsets[",
                 t, "] = ", ro[t], ", ", rows[t], " rows) do not fit in total_rows = ", s.total_rows);
   }
   Prepared p;
-  p.grad_output = grad_output.to(at::kFloat).contiguous();
-  const float* psw = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
-  AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_backward_plan", [&] {
-    p.plan = make_plan<index_t>(s, ro, indices.data_ptr<index_t>(), offsets.data_ptr<index_t>(), psw);
+  p.grad_output = a.grad_output.to(at::kFloat).contiguous();
+  const float* psw = a.per_sample_weights.has_value() ? a.per_sample_weights->data_ptr<float>() : nullptr;
+  AT_DISPATCH_INDEX_TYPES(a.indices.scalar_type(), "tbe_backward_plan", [&] {
+    p.plan = make_plan<index_t>(s, ro, a.indices.data_ptr<index_t>(), a.offsets.data_ptr<index_t>(), psw);
   });
-  p.ctx = Context{&s, &p.plan, p.grad_output.data_ptr<float>(), weights_offsets.data_ptr<std::int64_t>(),
-                  D_offsets.data_ptr<std::int32_t>(), ro, total_D, max_D};
+  p.ctx = Context{&s, &p.plan, p.grad_output.data_ptr<float>(), a.weights_offsets.data_ptr<std::int64_t>(),
+                  a.D_offsets.data_ptr<std::int32_t>(), ro, total_D, max_D};
   const std::int64_t N = s.forward.num_indices;
-  p.grad_psw = per_sample_weights.has_value() ? at::zeros({N}, weights.options().dtype(at::kFloat))
+  p.grad_psw = a.per_sample_weights.has_value() ? at::zeros({N}, weights.options().dtype(at::kFloat))
                                               : at::empty({0}, weights.options().dtype(at::kFloat));
   if (psw == nullptr) return p;
   float* out = p.grad_psw.data_ptr<float>();
   const std::int64_t B = s.forward.batch_size;
-  const bool sequence = s.forward.pooling_mode == ktbe::kNone;
-  const bool mean = s.forward.pooling_mode == ktbe::kMean;
+  const bool sequence = s.forward.pooling_mode == PoolingMode::kNone;
+  const bool mean = s.forward.pooling_mode == PoolingMode::kMean;
   const Context& c = p.ctx;
   const Plan& plan = p.plan;
   HIPDLRM_TBE_DISPATCH_WEIGHTS(weights.scalar_type(), "tbe_backward_psw", [&] {
@@ -239,58 +251,61 @@ Prepared prepare_cpu(const BackwardShape& s, const at::Tensor& grad_output, cons
   return p;
 }
 
-at::Tensor tbe_backward_cpu(const at::Tensor& grad_output, const at::Tensor& weights, const at::Tensor& weights_offsets,
-                            const at::Tensor& D_offsets, const at::Tensor& rows_per_table, const at::Tensor& row_offsets,
-                            std::int64_t total_rows, std::int64_t total_D, std::int64_t max_D,
-                            const at::Tensor& indices, const at::Tensor& offsets, std::int64_t pooling_mode,
-                            const std::optional<at::Tensor>& per_sample_weights, std::int64_t optimizer,
-                            const at::Tensor& momentum1, const at::Tensor& momentum2, double learning_rate,
-                            double eps, double beta1, double beta2, double weight_decay,
-                            std::int64_t weight_decay_mode, std::int64_t step, bool stochastic_rounding,
-                            std::int64_t seed) {
-  const BackwardShape s =
-      check_backward_arguments("tbe_backward", grad_output, weights, weights_offsets, D_offsets, rows_per_table,
-                               row_offsets, total_rows, total_D, max_D, indices, offsets, pooling_mode,
-                               per_sample_weights);
-  const OptimizerArgs o = check_optimizer_arguments(weights, total_rows, optimizer, momentum1, momentum2,
-                                                    learning_rate, eps, beta1, beta2, weight_decay, weight_decay_mode,
-                                                    step, stochastic_rounding, seed);
-  Prepared p = prepare_cpu(s, grad_output, weights, weights_offsets, D_offsets, rows_per_table, row_offsets, total_D,
-                           max_D, indices, offsets, per_sample_weights);
+// Applies the optimizer to every segment's row; kOpt fixed for the whole call.
+template <typename W, OptimType kOpt>
+void apply_rows(const Prepared& p, const OptimizerArgs& o, W* w, float* m1, float* m2) {
   const Context& c = p.ctx;
   const std::int64_t segments = static_cast<std::int64_t>(p.plan.seg_start.size()) - 1;
-  float* m1 = momentum1.numel() > 0 ? momentum1.data_ptr<float>() : nullptr;
-  float* m2 = momentum2.numel() > 0 ? momentum2.data_ptr<float>() : nullptr;
-  const std::int64_t B = s.forward.batch_size;
-  HIPDLRM_TBE_DISPATCH_WEIGHTS(weights.scalar_type(), "tbe_backward_cpu", [&] {
-    scalar_t* w = weights.data_ptr<scalar_t>();
-    at::parallel_for(0, segments, 64, [&](std::int64_t begin, std::int64_t end) {
-      std::vector<float> g(static_cast<std::size_t>(max_D)), piece;
-      for (std::int64_t seg = begin; seg < end; ++seg) {
-        const std::int64_t first = p.plan.order[p.plan.seg_start[seg]];
-        const std::int64_t t = p.plan.bag[first] / B;
-        const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
-        const std::uint64_t key = static_cast<std::uint64_t>(p.plan.key[first]);
-        const std::int64_t row_offset = c.weights_offsets[t] + (p.plan.key[first] - c.row_offsets[t]) * D;
-        row_gradient(c, seg, D, g.data(), piece);
-        apply_row<scalar_t>(o, w + row_offset, D, row_offset, key, g.data(), m1, m2);
-      }
-    });
+  const std::int64_t B = c.shape->forward.batch_size;
+  at::parallel_for(0, segments, 64, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<float> g(static_cast<std::size_t>(c.max_D)), piece;
+    for (std::int64_t seg = begin; seg < end; ++seg) {
+      const std::int64_t first = p.plan.order[p.plan.seg_start[seg]];
+      const std::int64_t t = p.plan.bag[first] / B;
+      const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
+      const std::uint64_t key = static_cast<std::uint64_t>(p.plan.key[first]);
+      const std::int64_t row_offset = c.weights_offsets[t] + (p.plan.key[first] - c.row_offsets[t]) * D;
+      row_gradient(c, seg, D, g.data(), piece);
+      apply_row<W, kOpt>(o, w + row_offset, D, row_offset, key, g.data(), m1, m2);
+    }
+  });
+}
+
+at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
+  const BackwardShape s = check_backward_arguments(a);
+  OptimizerArgs o = check_optimizer_arguments(a);
+  Prepared p = prepare_cpu(s, a);
+  // Everything is valid: this call is a step.
+  std::int64_t* counters = a.optimizer_counters.data_ptr<std::int64_t>();
+  TORCH_CHECK(counters[0] >= 0 && counters[0] < INT64_MAX, "tbe_backward: optimizer_counters[0] (the step) must be in ",
+              "[0, 2^63 - 1), got ", counters[0]);
+  const std::int64_t step = counters[0] + 1;
+  ktbe::set_step(o, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(counters[1]), a.beta1, a.beta2);
+  TORCH_CHECK(o.bias_correction1 > 0.0f && o.bias_correction2 > 0.0f,
+              "tbe_backward: ADAM's bias corrections 1 - beta^step must be > 0 (beta1 = ", a.beta1, ", beta2 = ",
+              a.beta2, ", step = ", step, ")");
+  counters[0] = step;
+  float* m1 = a.momentum1.numel() > 0 ? a.momentum1.data_ptr<float>() : nullptr;
+  float* m2 = a.momentum2.numel() > 0 ? a.momentum2.data_ptr<float>() : nullptr;
+  HIPDLRM_TBE_DISPATCH_WEIGHTS(a.weights.scalar_type(), "tbe_backward_cpu", [&] {
+    scalar_t* w = a.weights.data_ptr<scalar_t>();
+    switch (o.optimizer) {
+      case OptimType::kExactSgd: apply_rows<scalar_t, OptimType::kExactSgd>(p, o, w, m1, m2); break;
+      case OptimType::kExactRowwiseAdagrad:
+        apply_rows<scalar_t, OptimType::kExactRowwiseAdagrad>(p, o, w, m1, m2);
+        break;
+      case OptimType::kAdam: apply_rows<scalar_t, OptimType::kAdam>(p, o, w, m1, m2); break;
+      case OptimType::kNone: break;  // rejected by check_optimizer_arguments
+    }
   });
   return p.grad_psw;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_cpu(
-    const at::Tensor& grad_output, const at::Tensor& weights, const at::Tensor& weights_offsets,
-    const at::Tensor& D_offsets, const at::Tensor& rows_per_table, const at::Tensor& row_offsets,
-    std::int64_t total_rows, std::int64_t total_D, std::int64_t max_D, const at::Tensor& indices,
-    const at::Tensor& offsets, std::int64_t pooling_mode, const std::optional<at::Tensor>& per_sample_weights) {
-  const BackwardShape s =
-      check_backward_arguments("tbe_backward_sparse", grad_output, weights, weights_offsets, D_offsets,
-                               rows_per_table, row_offsets, total_rows, total_D, max_D, indices, offsets,
-                               pooling_mode, per_sample_weights);
-  Prepared p = prepare_cpu(s, grad_output, weights, weights_offsets, D_offsets, rows_per_table, row_offsets, total_D,
-                           max_D, indices, offsets, per_sample_weights);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_cpu(const BackwardArgs& a) {
+  const BackwardShape s = check_backward_arguments(a);
+  Prepared p = prepare_cpu(s, a);
+  const at::Tensor& weights = a.weights;
+  const std::int64_t max_D = a.max_D;
   const Context& c = p.ctx;
   const std::int64_t segments = static_cast<std::int64_t>(p.plan.seg_start.size()) - 1;
   const std::int64_t B = s.forward.batch_size;
@@ -324,28 +339,81 @@ void define_backward(torch::Library& m) {
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
       "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
-      "int weight_decay_mode, int step, bool stochastic_rounding, int seed) -> Tensor");
+      "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters) -> Tensor");
   m.def(
       "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights) -> (Tensor, Tensor, Tensor)");
 }
 
-BackwardShape check_backward_arguments(const char* op, const at::Tensor& grad_output, const at::Tensor& weights,
-                                       const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
-                                       const at::Tensor& rows_per_table, const at::Tensor& row_offsets,
-                                       std::int64_t total_rows, std::int64_t total_D, std::int64_t max_D,
-                                       const at::Tensor& indices, const at::Tensor& offsets, std::int64_t pooling_mode,
-                                       const std::optional<at::Tensor>& per_sample_weights) {
+namespace {
+
+// The arguments of a boxed call, by schema name.
+class StackArgs {
+ public:
+  StackArgs(const c10::OperatorHandle& op, const torch::jit::Stack& stack)
+      : schema_(op.schema()), stack_(stack), base_(stack.size() - op.schema().arguments().size()) {}
+  bool has(const char* name) const { return schema_.argumentIndexWithName(name).has_value(); }
+  const c10::IValue& operator[](const char* name) const {
+    const std::optional<int> i = schema_.argumentIndexWithName(name);
+    TORCH_INTERNAL_ASSERT(i.has_value(), schema_.name(), " has no argument ", name);
+    return stack_[base_ + static_cast<std::size_t>(*i)];
+  }
+
+ private:
+  const c10::FunctionSchema& schema_;
+  const torch::jit::Stack& stack_;
+  std::size_t base_;
+};
+
+}  // namespace
+
+BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const StackArgs s(op, stack);
+  BackwardArgs a;
+  a.op = op.schema().name() == "hipdlrm::tbe_backward" ? "tbe_backward" : "tbe_backward_sparse";
+  a.grad_output = s["grad_output"].toTensor();
+  a.weights = s["weights"].toTensor();
+  a.weights_offsets = s["weights_offsets"].toTensor();
+  a.D_offsets = s["D_offsets"].toTensor();
+  a.rows_per_table = s["rows_per_table"].toTensor();
+  a.row_offsets = s["row_offsets"].toTensor();
+  a.total_rows = s["total_rows"].toInt();
+  a.total_D = s["total_D"].toInt();
+  a.max_D = s["max_D"].toInt();
+  a.indices = s["indices"].toTensor();
+  a.offsets = s["offsets"].toTensor();
+  a.pooling_mode = s["pooling_mode"].toInt();
+  a.per_sample_weights = s["per_sample_weights"].toOptional<at::Tensor>();
+  if (!s.has("optimizer")) return a;  // tbe_backward_sparse
+  a.optimizer = s["optimizer"].toInt();
+  a.momentum1 = s["momentum1"].toTensor();
+  a.momentum2 = s["momentum2"].toTensor();
+  a.learning_rate = s["learning_rate"].toDouble();
+  a.eps = s["eps"].toDouble();
+  a.beta1 = s["beta1"].toDouble();
+  a.beta2 = s["beta2"].toDouble();
+  a.weight_decay = s["weight_decay"].toDouble();
+  a.weight_decay_mode = s["weight_decay_mode"].toInt();
+  a.stochastic_rounding = s["stochastic_rounding"].toBool();
+  a.optimizer_counters = s["optimizer_counters"].toTensor();
+  return a;
+}
+
+BackwardShape check_backward_arguments(const BackwardArgs& a) {
+  const char* op = a.op;
+  const at::Tensor& grad_output = a.grad_output;
+  const at::Tensor& weights = a.weights;
+  const at::Tensor& row_offsets = a.row_offsets;
   const at::ScalarType go = grad_output.scalar_type();
   TORCH_CHECK(go == at::kFloat || go == at::kHalf || go == at::kBFloat16, op,
               ": grad_output must be float32, float16 or bfloat16, got ", go);
   BackwardShape s;
-  s.forward = check_forward_arguments(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices,
-                                      offsets, pooling_mode, per_sample_weights, go);
+  s.forward = check_forward_arguments(weights, a.weights_offsets, a.D_offsets, a.rows_per_table, a.total_D, a.max_D,
+                                      a.indices, a.offsets, a.pooling_mode, a.per_sample_weights, go);
   const std::vector<std::int64_t> expected =
-      s.forward.pooling_mode == ktbe::kNone ? std::vector<std::int64_t>{s.forward.num_indices, max_D}
-                                            : std::vector<std::int64_t>{s.forward.batch_size, total_D};
+      s.forward.pooling_mode == PoolingMode::kNone ? std::vector<std::int64_t>{s.forward.num_indices, a.max_D}
+                                                   : std::vector<std::int64_t>{s.forward.batch_size, a.total_D};
   TORCH_CHECK(grad_output.sizes() == at::IntArrayRef(expected), op, ": grad_output must have the forward output's shape ",
               at::IntArrayRef(expected), ", got ", grad_output.sizes());
   TORCH_CHECK(grad_output.device() == weights.device(), op, ": grad_output is on ", grad_output.device(),
@@ -357,62 +425,62 @@ BackwardShape check_backward_arguments(const char* op, const at::Tensor& grad_ou
   TORCH_CHECK(row_offsets.is_contiguous(), op, ": row_offsets must be contiguous");
   TORCH_CHECK(row_offsets.device() == weights.device(), op, ": row_offsets is on ", row_offsets.device(),
               " but weights is on ", weights.device());
-  TORCH_CHECK(total_rows >= 0 && total_rows < (std::int64_t{1} << 62), op, ": total_rows must be in [0, 2^62), got ",
-              total_rows);
+  TORCH_CHECK(a.total_rows >= 0 && a.total_rows < (std::int64_t{1} << 62), op,
+              ": total_rows must be in [0, 2^62), got ", a.total_rows);
   TORCH_CHECK(s.forward.num_indices < INT32_MAX, op, ": at most 2^31 - 2 indices are supported, got ",
               s.forward.num_indices);
   TORCH_CHECK(T * s.forward.batch_size < INT32_MAX, op, ": at most 2^31 - 2 bags (T * B) are supported, got ",
               T * s.forward.batch_size);
-  s.total_rows = total_rows;
+  s.total_rows = a.total_rows;
   return s;
 }
 
-OptimizerArgs check_optimizer_arguments(const at::Tensor& weights, std::int64_t total_rows, std::int64_t optimizer,
-                                        const at::Tensor& momentum1, const at::Tensor& momentum2,
-                                        double learning_rate, double eps, double beta1, double beta2,
-                                        double weight_decay, std::int64_t weight_decay_mode, std::int64_t step,
-                                        bool stochastic_rounding, std::int64_t seed) {
-  TORCH_CHECK(optimizer == ktbe::kSgd || optimizer == ktbe::kRowwiseAdagrad || optimizer == ktbe::kAdam,
+OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
+  const at::Tensor& weights = a.weights;
+  const std::int64_t optimizer = a.optimizer;
+  const double eps = a.eps, beta1 = a.beta1, beta2 = a.beta2;
+  const auto code = [](OptimType t) { return static_cast<std::int64_t>(t); };
+  TORCH_CHECK(optimizer == code(OptimType::kExactSgd) || optimizer == code(OptimType::kExactRowwiseAdagrad) ||
+                  optimizer == code(OptimType::kAdam),
               "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD) or 3 (ADAM), got ", optimizer);
-  TORCH_CHECK(weight_decay_mode >= ktbe::kDecayNone && weight_decay_mode <= ktbe::kDecayDecoupled,
-              "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", weight_decay_mode);
-  TORCH_CHECK(std::isfinite(learning_rate) && std::isfinite(weight_decay), "tbe_backward: learning_rate (",
-              learning_rate, ") and weight_decay (", weight_decay, ") must be finite");
-  if (optimizer == ktbe::kSgd) {
-    check_state("momentum1", momentum1, weights, 0, "EXACT_SGD keeps no state");
-    check_state("momentum2", momentum2, weights, 0, "EXACT_SGD keeps no state");
-  } else if (optimizer == ktbe::kRowwiseAdagrad) {
+  TORCH_CHECK(a.weight_decay_mode >= static_cast<std::int64_t>(ktbe::WeightDecayMode::kNone) &&
+                  a.weight_decay_mode <= static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
+              "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", a.weight_decay_mode);
+  TORCH_CHECK(std::isfinite(a.learning_rate) && std::isfinite(a.weight_decay), "tbe_backward: learning_rate (",
+              a.learning_rate, ") and weight_decay (", a.weight_decay, ") must be finite");
+  TORCH_CHECK(std::isfinite(eps) && std::isfinite(beta1) && std::isfinite(beta2), "tbe_backward: eps (", eps,
+              "), beta1 (", beta1, ") and beta2 (", beta2, ") must be finite");
+  const OptimType opt = static_cast<OptimType>(optimizer);
+  if (opt == OptimType::kExactSgd) {
+    check_state("momentum1", a.momentum1, weights, 0, "EXACT_SGD keeps no state");
+    check_state("momentum2", a.momentum2, weights, 0, "EXACT_SGD keeps no state");
+  } else if (opt == OptimType::kExactRowwiseAdagrad) {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
-    check_state("momentum1", momentum1, weights, total_rows, "one per row, total_rows");
-    check_state("momentum2", momentum2, weights, 0, "EXACT_ROWWISE_ADAGRAD keeps one state");
+    check_state("momentum1", a.momentum1, weights, a.total_rows, "one per row, total_rows");
+    check_state("momentum2", a.momentum2, weights, 0, "EXACT_ROWWISE_ADAGRAD keeps one state");
   } else {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
                 "tbe_backward: beta1 and beta2 must be in [0, 1), got ", beta1, " and ", beta2);
-    TORCH_CHECK(step >= 1, "tbe_backward: step must be >= 1 for ADAM (its bias correction), got ", step);
-    check_state("momentum1", momentum1, weights, weights.numel(), "one per weight");
-    check_state("momentum2", momentum2, weights, weights.numel(), "one per weight");
+    check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
+    check_state("momentum2", a.momentum2, weights, weights.numel(), "one per weight");
   }
-  TORCH_CHECK(step >= 0, "tbe_backward: step must be >= 0, got ", step);
+  const at::Tensor& counters = a.optimizer_counters;
+  TORCH_CHECK(counters.dim() == 1 && counters.scalar_type() == at::kLong && counters.numel() == 2,
+              "tbe_backward: optimizer_counters must be a 1-D int64 tensor [step, seed], got ", counters.scalar_type(),
+              " of shape ", counters.sizes());
+  TORCH_CHECK(counters.is_contiguous(), "tbe_backward: optimizer_counters must be contiguous");
+  TORCH_CHECK(counters.device() == weights.device(), "tbe_backward: optimizer_counters is on ", counters.device(),
+              " but weights is on ", weights.device());
   OptimizerArgs o;
-  o.optimizer = static_cast<int>(optimizer);
-  o.weight_decay_mode = static_cast<int>(weight_decay_mode);
-  o.learning_rate = static_cast<float>(learning_rate);
+  o.optimizer = opt;
+  o.weight_decay_mode = static_cast<ktbe::WeightDecayMode>(a.weight_decay_mode);
+  o.learning_rate = static_cast<float>(a.learning_rate);
   o.eps = static_cast<float>(eps);
   o.beta1 = static_cast<float>(beta1);
   o.beta2 = static_cast<float>(beta2);
-  o.weight_decay = static_cast<float>(weight_decay);
-  if (optimizer == ktbe::kAdam) {
-    o.bias_correction1 = static_cast<float>(1.0 - std::pow(beta1, static_cast<double>(step)));
-    o.bias_correction2 = static_cast<float>(1.0 - std::pow(beta2, static_cast<double>(step)));
-    TORCH_CHECK(o.bias_correction1 > 0.0f && o.bias_correction2 > 0.0f,
-                "tbe_backward: ADAM's bias corrections 1 - beta^step must be > 0 (beta1 = ", beta1, ", beta2 = ", beta2,
-                ", step = ", step, ")");
-  }
-  o.stochastic_rounding = stochastic_rounding;
-  o.step = static_cast<std::uint64_t>(step);
-  o.seed = static_cast<std::uint64_t>(seed);
-  o.rounding_step_state = ktbe::rounding_step_state(o.seed, o.step);
+  o.weight_decay = static_cast<float>(a.weight_decay);
+  o.stochastic_rounding = a.stochastic_rounding;
   return o;
 }
 
@@ -427,9 +495,14 @@ std::tuple<at::Tensor, at::Tensor> sparse_gradient_from_rows(const at::Tensor& g
   return {element.masked_select(mask), grad_rows.masked_select(mask).to(weights_dtype)};
 }
 
+namespace {
+using SparseResult = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+}  // namespace
+
 TORCH_LIBRARY_IMPL(hipdlrm, CPU, m) {
-  m.impl("tbe_backward", &tbe_backward_cpu);
-  m.impl("tbe_backward_sparse", &tbe_backward_sparse_cpu);
+  m.impl("tbe_backward", torch::CppFunction::makeFromBoxedFunction<&boxed_backward<at::Tensor, &tbe_backward_cpu>>());
+  m.impl("tbe_backward_sparse",
+         torch::CppFunction::makeFromBoxedFunction<&boxed_backward<SparseResult, &tbe_backward_sparse_cpu>>());
 }
 
 }  // namespace tbe

@@ -9,9 +9,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
-#include "tbe.h"
+#include "ops/tbe/tbe.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -64,7 +65,7 @@ void check_values(const ForwardShape& s, const std::int64_t* wo, const std::int3
     TORCH_CHECK(wo[t] >= 0 && wo[t] <= weights_numel && rows[t] <= (weights_numel - wo[t]) / D, kOp,
                 ": feature ", t, "'s table (weights_offsets[", t, "] = ", wo[t], ", ", rows[t], " rows x ", D,
                 ") does not fit in weights (", weights_numel, " elements)");
-    TORCH_CHECK(s.pooling_mode != kernels::tbe::kNone || D == max_D, kOp,
+    TORCH_CHECK(s.pooling_mode != PoolingMode::kNone || D == max_D, kOp,
                 ": in NONE pooling mode every feature must have dim max_D = ", max_D, ", but feature ", t,
                 " has dim ", D);
   }
@@ -96,8 +97,8 @@ void forward_cpu_typed(const ForwardShape& s, const W* weights, const std::int64
                        std::int64_t total_D, std::int64_t max_D, const index_t* idx, const index_t* off,
                        const float* psw, O* out) {
   const std::int64_t T = s.num_features, B = s.batch_size;
-  const bool mean = s.pooling_mode == kernels::tbe::kMean;
-  const bool sequence = s.pooling_mode == kernels::tbe::kNone;
+  const bool mean = s.pooling_mode == PoolingMode::kMean;
+  const bool sequence = s.pooling_mode == PoolingMode::kNone;
   at::parallel_for(0, T * B, 16, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> acc(static_cast<std::size_t>(max_D));
     for (std::int64_t g = begin; g < end; ++g) {
@@ -137,14 +138,15 @@ at::Tensor tbe_forward_cpu(const at::Tensor& weights, const at::Tensor& weights_
                            const std::optional<at::Tensor>& per_sample_weights, at::ScalarType output_dtype) {
   const ForwardShape s = check_forward_arguments(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D,
                                                  indices, offsets, pooling_mode, per_sample_weights, output_dtype);
+  // Every value is checked before the output is allocated (a total_D that D_offsets contradict would
+  // otherwise end in the allocator's message).
+  check_forward_values(s, weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets);
   at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype);
-  if (s.pooling_mode == kernels::tbe::kNone) out.zero_();
+  if (s.pooling_mode == PoolingMode::kNone) out.zero_();
   const float* psw = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_forward_cpu", [&] {
     const index_t* idx = indices.data_ptr<index_t>();
     const index_t* off = offsets.data_ptr<index_t>();
-    check_values<index_t>(s, weights_offsets.data_ptr<std::int64_t>(), D_offsets.data_ptr<std::int32_t>(),
-                          rows_per_table.data_ptr<std::int64_t>(), weights.numel(), total_D, max_D, idx, off);
     HIPDLRM_DISPATCH_EMBEDDING_TYPES(weights.scalar_type(), "tbe_forward_cpu_weights", [&] {
       using W = scalar_t;
       HIPDLRM_DISPATCH_EMBEDDING_TYPES(output_dtype, "tbe_forward_cpu_output", [&] {
@@ -157,6 +159,23 @@ at::Tensor tbe_forward_cpu(const at::Tensor& weights, const at::Tensor& weights_
   return out;
 }
 
+// The codes of kernels/tbe/tbe_types.h's enums under Python's member names, as "NAME=code,...":
+// tests/python/test_tbe.py checks that hipdlrm.PoolingMode, OptimType and WeightDecayMode carry them.
+std::string tbe_enum(c10::string_view name) {
+  namespace ktbe = kernels::tbe;
+  const auto code = [](auto e) { return std::to_string(static_cast<int>(e)); };
+  if (name == "PoolingMode")
+    return "SUM=" + code(PoolingMode::kSum) + ",MEAN=" + code(PoolingMode::kMean) + ",NONE=" + code(PoolingMode::kNone);
+  if (name == "OptimType")
+    return "NONE=" + code(ktbe::OptimType::kNone) + ",EXACT_SGD=" + code(ktbe::OptimType::kExactSgd) +
+           ",EXACT_ROWWISE_ADAGRAD=" + code(ktbe::OptimType::kExactRowwiseAdagrad) +
+           ",ADAM=" + code(ktbe::OptimType::kAdam);
+  if (name == "WeightDecayMode")
+    return "NONE=" + code(ktbe::WeightDecayMode::kNone) + ",L2=" + code(ktbe::WeightDecayMode::kL2) +
+           ",DECOUPLED=" + code(ktbe::WeightDecayMode::kDecoupled);
+  TORCH_CHECK(false, "tbe_enum: name must be PoolingMode, OptimType or WeightDecayMode, got ", name);
+}
+
 }  // namespace
 
 void define(torch::Library& m) {
@@ -164,6 +183,7 @@ void define(torch::Library& m) {
       "tbe_forward(Tensor weights, Tensor weights_offsets, Tensor D_offsets, Tensor rows_per_table, int total_D, "
       "int max_D, Tensor indices, Tensor offsets, int pooling_mode, Tensor? per_sample_weights, "
       "ScalarType output_dtype) -> Tensor");
+  m.def("tbe_enum(str name) -> str", &tbe_enum);
 }
 
 ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor& weights_offsets,
@@ -224,7 +244,7 @@ ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor
 at::Tensor empty_forward_output(const ForwardShape& s, std::int64_t total_D, std::int64_t max_D,
                                 const at::Tensor& weights, at::ScalarType output_dtype) {
   const auto options = weights.options().dtype(output_dtype);
-  if (s.pooling_mode == kernels::tbe::kNone) return at::empty({s.num_indices, max_D}, options);
+  if (s.pooling_mode == PoolingMode::kNone) return at::empty({s.num_indices, max_D}, options);
   return at::empty({s.batch_size, total_D}, options);
 }
 

@@ -5,8 +5,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "../../kernels/tbe/tbe_forward.h"
-#include "tbe.h"
+#include "kernels/tbe/tbe_forward.h"
+#include "ops/tbe/tbe.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -28,7 +28,7 @@ at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_
   if (out.numel() == 0) return out;
 
   const int device = weights.get_device();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_forward_gpu", [&] {
     ktbe::ForwardProblem<index_t> p;
     p.weights = weights.data_ptr();
@@ -48,9 +48,9 @@ at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_
     p.per_sample_weights = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
     p.output = out.data_ptr();
     p.output_dtype = s.output_dtype;
-    const cudaError_t st = ktbe::launch_forward(p, gpu::device_wave_size(device), gpu::device_multiprocessors(device),
+    const gpu::status_t st = ktbe::launch_forward(p, gpu::device_wave_size(device), gpu::device_multiprocessors(device),
                                                 stream);
-    TORCH_CHECK(st == cudaSuccess, "tbe_forward: kernel launch failed: ", cudaGetErrorString(st));
+    TORCH_CHECK(st == gpu::kSuccess, "tbe_forward: kernel launch failed: ", gpu::status_string(st));
   });
   return out;
 }

@@ -1,0 +1,200 @@
+// The optimizers' arithmetic, defined once for the CPU reference (ops/tbe/tbe_backward.cpp) and the GPU
+// kernels (tbe_backward.cu): the per-element update of each optimizer, row-wise Adagrad's per-row steps,
+// and the stochastic rounding of 16-bit weights. Plain inline functions, host and device (no runtime
+// headers: the CPU-only build includes this), so both sides compute the same expressions on the same
+// values; a device compiler may still contract a multiply and an add into one fma where the host does not.
+//
+// Adding an optimizer: its code in OptimType (tbe_types.h) and Python's OptimType, its state in
+// OptimizerTraits, its update in update_element (and a row step beside row-wise Adagrad's if it needs a
+// reduction over the row), its state checks in check_optimizer_arguments, and a case in the CPU and GPU
+// dispatch switches.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "hipdlrm/gpu/host_device.h"
+#include "kernels/tbe/tbe_types.h"
+
+namespace hipdlrm {
+namespace kernels {
+namespace tbe {
+
+// Scalars of one optimizer call: the settings, computed once on the host, and the step's values
+// (set_step), computed once per call where the step counter lives (the host for the CPU reference, one
+// device thread for the GPU), so both sides use the same values.
+struct OptimizerArgs {
+  OptimType optimizer = OptimType::kExactSgd;
+  WeightDecayMode weight_decay_mode = WeightDecayMode::kNone;
+  float learning_rate = 0.0f;
+  float eps = 0.0f;
+  float beta1 = 0.0f;
+  float beta2 = 0.0f;
+  float weight_decay = 0.0f;
+  bool stochastic_rounding = false;
+  // Set by set_step:
+  float bias_correction1 = 1.0f;  // 1 - beta1^step (Adam)
+  float bias_correction2 = 1.0f;  // 1 - beta2^step (Adam)
+  std::uint64_t rounding_step_state = 0;  // rounding_step_state(seed, step)
+};
+
+// The state an optimizer keeps: kElementStates fp32 tensors shaped like the weights (momentum1, then
+// momentum2), or with kRowState one fp32 per row of the row space (momentum1 [total_rows]).
+template <OptimType kOpt>
+struct OptimizerTraits {
+  static constexpr int kElementStates = 0;
+  static constexpr bool kRowState = false;
+};
+template <>
+struct OptimizerTraits<OptimType::kExactRowwiseAdagrad> {
+  static constexpr int kElementStates = 0;
+  static constexpr bool kRowState = true;
+};
+template <>
+struct OptimizerTraits<OptimType::kAdam> {
+  static constexpr int kElementStates = 2;
+  static constexpr bool kRowState = false;
+};
+
+// ---- row-wise Adagrad's row steps ----------------------------------------------------------------------
+// The row's state grows by the mean of the squared gradient (L2 decay included) over its D columns, and the
+// new state gives the row's step size. A kernel spreads the sum over lanes and reduces it across the wave.
+
+// squares + g^2 for one element (w: its weight before the update).
+HIPDLRM_HOST_DEVICE float rowwise_adagrad_add_square(const OptimizerArgs& o, float w, float g, float squares) {
+  if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+  return fmaf(g, g, squares);
+}
+HIPDLRM_HOST_DEVICE float rowwise_adagrad_state(float state, float squares, std::int64_t D) {
+  return state + squares / static_cast<float>(D);
+}
+HIPDLRM_HOST_DEVICE float rowwise_adagrad_multiplier(const OptimizerArgs& o, float state) {
+  return o.learning_rate / (sqrtf(state) + o.eps);
+}
+
+// ---- the per-element update ----------------------------------------------------------------------------
+
+// The new value of one weight w from its summed gradient g. `multiplier` is the row's step size
+// (rowwise_adagrad_multiplier; unused by the others); m1 and m2 are the element's states (Adam: read and
+// updated; unused by the others).
+template <OptimType kOpt>
+HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float g, float multiplier, float& m1,
+                                         float& m2) {
+  static_assert(kOpt == OptimType::kExactSgd || kOpt == OptimType::kExactRowwiseAdagrad || kOpt == OptimType::kAdam,
+                "an optimizer with an update");
+  if constexpr (kOpt == OptimType::kExactSgd) {
+    // Decoupled decay is the same step for SGD: w - lr * (g + wd * w).
+    if (o.weight_decay_mode != WeightDecayMode::kNone) g = fmaf(o.weight_decay, w, g);
+    return w - o.learning_rate * g;
+  } else if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    float next = w - multiplier * g;
+    if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
+    return next;
+  } else {
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    const float m = o.beta1 * m1 + (1.0f - o.beta1) * g;
+    const float v = o.beta2 * m2 + (1.0f - o.beta2) * g * g;
+    m1 = m;
+    m2 = v;
+    float next = w - o.learning_rate * ((m / o.bias_correction1) / (sqrtf(v / o.bias_correction2) + o.eps));
+    if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
+    return next;
+  }
+}
+
+// ---- stochastic rounding ---------------------------------------------------------------------------
+
+HIPDLRM_HOST_DEVICE std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The random bits of stochastic rounding: a counter-based hash of (seed, step, row, column), so they do
+// not depend on which thread (or which device) rounds the value. The call's part, splitmix64(seed ^
+// splitmix64(step)), is hashed once per call (OptimizerArgs::rounding_step_state, set_step); a row's state is
+// that XOR the row number shifted up 16 bits (no hash); one splitmix64 of the row state XOR the group
+// number q gives 64 bits to the group of kRoundingGroup consecutive columns 4q .. 4q + 3, 16 to each
+// (the 16-bit formats use at most 16), so a lane that owns a 4-column vector hashes once. The inputs
+// (row << 16) ^ q are distinct for distinct (row, q) while rows < 2^48 and rows have fewer than 2^18
+// columns, and splitmix64 is a bijection, so no two groups of a step share their bits.
+constexpr std::uint64_t kRoundingGroup = 4;
+
+HIPDLRM_HOST_DEVICE std::uint64_t rounding_step_state(std::uint64_t seed, std::uint64_t step) {
+  return splitmix64(seed ^ splitmix64(step));
+}
+HIPDLRM_HOST_DEVICE std::uint64_t rounding_row_state_from(std::uint64_t step_state, std::uint64_t row) {
+  return step_state ^ (row << 16);
+}
+HIPDLRM_HOST_DEVICE std::uint64_t rounding_row_state(std::uint64_t seed, std::uint64_t step, std::uint64_t row) {
+  return rounding_row_state_from(rounding_step_state(seed, step), row);
+}
+
+// The per-step values of step `step` (>= 1; Adam's bias corrections from the betas in double, as the
+// settings were given).
+HIPDLRM_HOST_DEVICE void set_step(OptimizerArgs& o, std::uint64_t step, std::uint64_t seed, double beta1,
+                                  double beta2) {
+  if (o.optimizer == OptimType::kAdam) {
+    o.bias_correction1 = static_cast<float>(1.0 - pow(beta1, static_cast<double>(step)));
+    o.bias_correction2 = static_cast<float>(1.0 - pow(beta2, static_cast<double>(step)));
+  }
+  o.rounding_step_state = rounding_step_state(seed, step);
+}
+
+// 64 random bits for the columns kRoundingGroup * q .. + kRoundingGroup - 1 of a row: bits [16c, 16c + 16)
+// belong to the group's column c.
+HIPDLRM_HOST_DEVICE std::uint64_t rounding_group_bits(std::uint64_t row_state, std::uint64_t q) {
+  return splitmix64(row_state ^ q);
+}
+
+// The 16 random bits of column `col` (the group's bits, shifted into place).
+HIPDLRM_HOST_DEVICE std::uint32_t rounding_bits(std::uint64_t row_state, std::uint64_t col) {
+  const std::uint64_t bits = rounding_group_bits(row_state, col / kRoundingGroup);
+  return static_cast<std::uint32_t>(bits >> (16 * (col % kRoundingGroup))) & 0xffffu;
+}
+
+HIPDLRM_HOST_DEVICE std::uint32_t float_bits(float v) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __float_as_uint(v);
+#else
+  std::uint32_t u;
+  std::memcpy(&u, &v, sizeof(u));
+  return u;
+#endif
+}
+HIPDLRM_HOST_DEVICE float bits_float(std::uint32_t u) {
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+  return __uint_as_float(u);
+#else
+  float v;
+  std::memcpy(&v, &u, sizeof(v));
+  return v;
+#endif
+}
+
+// Stochastic rounding of v to a 16-bit format, returned as the fp32 value of the chosen neighbour (exactly
+// representable in the format, so the final conversion does not round again). The fp32 bits below the
+// format's mantissa get `bits` added and are then cleared: v rounds away from zero with probability equal
+// to its distance from the neighbour towards zero, in units of the format's spacing.
+// bf16: every finite value. fp16: the normal range [2^-14, 65504] in magnitude; smaller, larger and
+// non-finite values are returned unchanged (the conversion then rounds them to nearest).
+HIPDLRM_HOST_DEVICE float stochastic_round_bf16(float v, std::uint32_t bits) {
+  const std::uint32_t u = float_bits(v);
+  if ((u & 0x7f800000u) == 0x7f800000u) return v;  // Inf / NaN
+  const std::uint32_t r = (u + (bits & 0xffffu)) & 0xffff0000u;
+  // A carry out of the largest finite bf16 would give Inf: keep round to nearest there.
+  return (r & 0x7f800000u) == 0x7f800000u ? v : bits_float(r);
+}
+HIPDLRM_HOST_DEVICE float stochastic_round_fp16(float v, std::uint32_t bits) {
+  const float a = v < 0.0f ? -v : v;
+  if (!(a >= 6.103515625e-05f && a <= 65504.0f)) return v;
+  const std::uint32_t u = float_bits(v);
+  return bits_float((u + (bits & 0x1fffu)) & 0xffffe000u);
+}
+
+}  // namespace tbe
+}  // namespace kernels
+}  // namespace hipdlrm
