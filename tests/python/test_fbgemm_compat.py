@@ -35,8 +35,6 @@ def _fbgemm_or_none():
 
 FBGEMM, FBGEMM_WHY = _fbgemm_or_none()
 needs_fbgemm = pytest.mark.skipif(FBGEMM is None, reason=str(FBGEMM_WHY))
-if FBGEMM is None:
-    print(f"test_fbgemm_compat: oracle tests skip: {FBGEMM_WHY}")
 
 
 # fbgemm-gpu 1.8.0's constructor, in order: (name, default); enum defaults as "Class.MEMBER".
@@ -810,7 +808,7 @@ def test_training_script_runs(tmp_path):
     result = _run_script(SCRIPT, tmp_path / "hipdlrm.pt", REPO_PYTHON)
     losses = result["losses"]
     assert len(losses) > 0 and all(l == l for l in losses)
-    assert sum(losses[-5:]) < sum(losses[:5])  # it learns
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.03  # it learns
 
 
 @needs_fbgemm

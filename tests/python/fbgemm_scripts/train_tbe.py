@@ -18,8 +18,8 @@ TABLES = [(1000, 16), (500, 8), (200, 16)]
 BATCH = 32
 STEPS = 40
 WARMUP = 10
-EMB_LR = 0.05
-DENSE_LR = 0.1
+EMB_LR = 0.5
+DENSE_LR = 0.5
 
 
 def build_embeddings():
@@ -82,7 +82,7 @@ def main() -> None:
         dense_opt.zero_grad()
         loss.backward()  # also applies the row-wise Adagrad step to the looked-up rows
         dense_opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if step % 10 == 0 or step == STEPS - 1:
             print(f"step {step:3d} loss {losses[-1]:.5f} lr {emb.get_learning_rate():.5f}")
 
