@@ -420,7 +420,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                        "it goes with WeightDecayMode.COWCLIP, which is not implemented")
         _require_unset("global_weight_decay", global_weight_decay,
                        "it goes with WeightDecayMode.DECOUPLE_GLOBAL, which is not implemented")
-        _require_unset("ensemble_mode", ensemble_mode, "it configures ENSEMBLE_ROWWISE_ADAGRAD, which is not implemented")
+        _require_unset("ensemble_mode", ensemble_mode,
+                       "it configures ENSEMBLE_ROWWISE_ADAGRAD, which is not implemented")
         _require_unset("emainplace_mode", emainplace_mode,
                        "it configures EMAINPLACE_ROWWISE_ADAGRAD, which is not implemented")
         hip_weight_decay, hip_weight_decay_mode = _weight_decay(fbgemm_optimizer, float(weight_decay),
@@ -455,7 +456,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
 
         # FBGEMM lets this environment variable override the argument; so does hipdlrm.
         env_mode = os.environ.get("FBGEMM_TBE_BOUNDS_CHECK_MODE")
-        fbgemm_bounds_check_mode = _coerce(BoundsCheckMode, int(env_mode) if env_mode is not None else bounds_check_mode,
+        fbgemm_bounds_check_mode = _coerce(BoundsCheckMode,
+                                           int(env_mode) if env_mode is not None else bounds_check_mode,
                                            "bounds_check_mode")
         pooling_mode = _coerce(PoolingMode, pooling_mode, "pooling_mode")
 

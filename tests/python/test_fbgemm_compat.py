@@ -101,7 +101,8 @@ def test_enums_match_installed_fbgemm(name):
 def test_enums_are_fbgemm_shaped():
     assert hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD.value == "exact_row_wise_adagrad"
     assert str(hf.EmbOptimType.ADAM) == "adam" and hf.OptimType is hf.EmbOptimType
-    assert hf.SparseType.FP16.as_dtype() == torch.float16 and hf.SparseType.from_dtype(torch.bfloat16) == hf.SparseType.BF16
+    assert hf.SparseType.FP16.as_dtype() == torch.float16
+    assert hf.SparseType.from_dtype(torch.bfloat16) == hf.SparseType.BF16
     assert hf.PoolingMode is hipdlrm.PoolingMode  # one definition, FBGEMM's codes
     assert int(hf.WeightDecayMode.DECOUPLE) == int(hipdlrm.WeightDecayMode.DECOUPLED)
     assert [int(m) for m in hf.BoundsCheckMode] == list(range(7))
@@ -157,7 +158,7 @@ def test_enum_arguments_accept_names_values_and_hipdlrm_members():
 @needs_fbgemm
 def test_accepts_fbgemms_own_enum_members():
     t = FBGEMM
-    specs = [(10, 4, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU), (7, 8, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU)]
+    specs = [(rows, dim, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU) for rows, dim in ((10, 4), (7, 8))]
     tbe = hf.SplitTableBatchedEmbeddingBagsCodegen(
         specs, cache_algorithm=t.CacheAlgorithm.LFU, weights_precision=t.SparseType.FP16,
         output_dtype=t.SparseType.FP16, optimizer=t.OptimType.EXACT_ROWWISE_ADAGRAD, pooling_mode=t.PoolingMode.MEAN,
@@ -169,10 +170,12 @@ def test_accepts_fbgemms_own_enum_members():
 
 
 @pytest.mark.parametrize("mode, expected", [
-    (hf.BoundsCheckMode.FATAL, hipdlrm.BoundsCheckMode.FATAL), (hf.BoundsCheckMode.V2_FATAL, hipdlrm.BoundsCheckMode.FATAL),
+    (hf.BoundsCheckMode.FATAL, hipdlrm.BoundsCheckMode.FATAL),
+    (hf.BoundsCheckMode.V2_FATAL, hipdlrm.BoundsCheckMode.FATAL),
     (hf.BoundsCheckMode.WARNING, hipdlrm.BoundsCheckMode.WARNING),
     (hf.BoundsCheckMode.V2_WARNING, hipdlrm.BoundsCheckMode.WARNING),
-    (hf.BoundsCheckMode.IGNORE, hipdlrm.BoundsCheckMode.IGNORE), (hf.BoundsCheckMode.V2_IGNORE, hipdlrm.BoundsCheckMode.IGNORE),
+    (hf.BoundsCheckMode.IGNORE, hipdlrm.BoundsCheckMode.IGNORE),
+    (hf.BoundsCheckMode.V2_IGNORE, hipdlrm.BoundsCheckMode.IGNORE),
     (hf.BoundsCheckMode.NONE, hipdlrm.BoundsCheckMode.IGNORE)])
 def test_bounds_check_modes(mode, expected):
     assert _make(bounds_check_mode=mode).bounds_check_mode == expected
@@ -194,7 +197,8 @@ def test_performance_and_cache_hints_are_accepted():
     # Options that only act on cached / UVM tables, or choose a kernel: no effect for resident tables.
     tbe = _make(cache_algorithm=hf.CacheAlgorithm.LFU, cache_load_factor=0.5, cache_sets=4, cache_reserved_memory=1.0,
                 cache_precision=hf.SparseType.FP16, enforce_hbm=True, use_experimental_tbe=True, uvm_host_mapped=True,
-                momentum=0.5, eta=0.1, max_gradient=3.0, table_names=["a", "b"], embedding_shard_info=[(10, 4, 0, 0)] * 2,
+                momentum=0.5, eta=0.1, max_gradient=3.0, table_names=["a", "b"],
+                embedding_shard_info=[(10, 4, 0, 0)] * 2,
                 optimizer_state_dtypes={"momentum1": hf.SparseType.FP32})
     assert tbe.table_names == ["a", "b"]
 
@@ -264,10 +268,12 @@ def test_uvm_and_cached_tables_are_rejected(location):
 
 
 def test_bad_specs_and_arguments():
-    with pytest.raises(ValueError, match=r"embedding_specs\[0\] must be \(rows, dim, EmbeddingLocation, ComputeDevice\)"):
+    with pytest.raises(ValueError,
+                       match=r"embedding_specs\[0\] must be \(rows, dim, EmbeddingLocation, ComputeDevice\)"):
         hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4)])
     with pytest.raises(ValueError, match="same compute device"):
-        hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4) + CPU_SPEC, (4, 4, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CUDA)])
+        hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4) + CPU_SPEC,
+                                                  (4, 4, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CUDA)])
     with pytest.raises(ValueError, match="does not go with ComputeDevice.CPU"):
         hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CPU)])
     with pytest.raises(NotImplementedError, match="compute device"):
@@ -493,7 +499,8 @@ class FbgemmOracle:
         t = FBGEMM
         self.module = t.SplitTableBatchedEmbeddingBagsCodegen(
             [(r, d, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU) for r, d in specs], feature_table_map=ftm,
-            optimizer=t.OptimType(optimizer.value), weights_precision=t.SparseType(hf.SparseType.from_dtype(weights_dtype).value),
+            optimizer=t.OptimType(optimizer.value),
+            weights_precision=t.SparseType(hf.SparseType.from_dtype(weights_dtype).value),
             pooling_mode=t.PoolingMode(int(pooling)), stochastic_rounding=False, **kwargs)
         for theirs, ours in zip(self.module.split_embedding_weights(), tbe.split_embedding_weights()):
             theirs.copy_(ours)
@@ -563,9 +570,10 @@ WD_CASES = [(hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.L2),
 def test_weight_decay_matches_the_formula(optimizer, mode, layout):
     specs, ftm = LAYOUTS[layout]
     kwargs = dict(learning_rate=0.1, weight_decay=0.05, weight_decay_mode=mode)
+    # The reference's mode: FBGEMM's Adam always decouples.
+    reference_mode = 2 if optimizer == hf.EmbOptimType.ADAM else int(mode)
     _train_and_compare(lambda tbe: ReferenceOracle(tbe, optimizer, hf.PoolingMode.SUM, torch.float32,
-                                                   weight_decay=0.05, weight_decay_mode=(2 if optimizer == hf.EmbOptimType.ADAM
-                                                                                         else int(mode))),
+                                                   weight_decay=0.05, weight_decay_mode=reference_mode),
                        specs, ftm, hf.PoolingMode.SUM, True, optimizer, torch.float32, **kwargs)
 
 
@@ -666,7 +674,8 @@ def test_set_optimizer_step_sets_adams_bias_correction():
     gen = torch.Generator().manual_seed(7)
     tbe = _make(specs=specs, optimizer=hf.EmbOptimType.ADAM, learning_rate=0.1)
     tbe.split_embedding_weights()[0].copy_(torch.rand(6, 4, generator=gen))
-    ref = Reference(tbe.split_embedding_weights(), ftm, hf.PoolingMode.SUM, hf.EmbOptimType.ADAM, tbe.get_learning_rate())
+    ref = Reference(tbe.split_embedding_weights(), ftm, hf.PoolingMode.SUM, hf.EmbOptimType.ADAM,
+                    tbe.get_learning_rate())
     tbe.set_optimizer_step(9)
     ref.step = 9
     assert int(tbe.iter[0]) == 9

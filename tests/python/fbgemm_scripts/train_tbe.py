@@ -12,7 +12,8 @@ import argparse
 import io
 
 import torch
-from hipdlrm.fbgemm import ComputeDevice, EmbeddingLocation, OptimType, PoolingMode, SparseType, SplitTableBatchedEmbeddingBagsCodegen
+from hipdlrm.fbgemm import (
+    ComputeDevice, EmbeddingLocation, OptimType, PoolingMode, SparseType, SplitTableBatchedEmbeddingBagsCodegen)
 
 TABLES = [(1000, 16), (500, 8), (200, 16)]
 BATCH = 32
