@@ -1,0 +1,641 @@
+"""FBGEMM's training TBE class, computed by hipdlrm (docs/fbgemm.md).
+
+A script written for ``fbgemm_gpu.split_table_batched_embeddings_ops_training`` switches by one import::
+
+    from hipdlrm.fbgemm import (SplitTableBatchedEmbeddingBagsCodegen, EmbOptimType, SparseType,
+                                EmbeddingLocation, ComputeDevice, PoolingMode)
+
+``SplitTableBatchedEmbeddingBagsCodegen`` takes fbgemm-gpu 1.8.0's constructor arguments (names, order and
+defaults) and is a ``hipdlrm.TableBatchedEmbedding``: the same kernels, the same weights and optimizer
+state, one ``state_dict``. The enums below carry FBGEMM's member names and values, and every argument that
+takes one also accepts FBGEMM's own members (matched by name, so ``fbgemm_gpu`` is never imported here).
+What hipdlrm implements takes effect; an argument asking for something it does not implement raises
+``NotImplementedError`` naming the argument, the value and what is supported.
+"""
+from __future__ import annotations
+
+import enum
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .bounds_check import BoundsCheckMode as _HipBoundsCheckMode
+from .tbe import PoolingMode, TableBatchedEmbedding
+from .tbe_training import OptimType as _HipOptimType
+from .tbe_training import WeightDecayMode as _HipWeightDecayMode
+
+__all__ = [
+    "BoundsCheckMode",
+    "CacheAlgorithm",
+    "ComputeDevice",
+    "EmbOptimType",
+    "EmbeddingLocation",
+    "OptimType",
+    "PoolingMode",
+    "SparseType",
+    "SplitTableBatchedEmbeddingBagsCodegen",
+    "WeightDecayMode",
+]
+
+
+class EmbOptimType(enum.Enum):
+    """FBGEMM's optimizer names (string-valued, as ``fbgemm_gpu.split_embedding_configs.EmbOptimType``).
+    hipdlrm trains EXACT_SGD (SGD too), EXACT_ROWWISE_ADAGRAD, ADAM and NONE; the others are rejected."""
+
+    SGD = "sgd"
+    EXACT_SGD = "exact_sgd"
+    LAMB = "lamb"
+    ADAM = "adam"
+    EXACT_ADAGRAD = "exact_adagrad"
+    EXACT_ROWWISE_ADAGRAD = "exact_row_wise_adagrad"
+    LARS_SGD = "lars_sgd"
+    PARTIAL_ROWWISE_ADAM = "partial_row_wise_adam"
+    PARTIAL_ROWWISE_LAMB = "partial_row_wise_lamb"
+    ROWWISE_ADAGRAD = "row_wise_adagrad"
+    SHAMPOO = "shampoo"
+    SHAMPOO_V2 = "shampoo_v2"
+    MADGRAD = "madgrad"
+    EXACT_ROWWISE_WEIGHTED_ADAGRAD = "exact_row_wise_weighted_adagrad"
+    ENSEMBLE_ROWWISE_ADAGRAD = "ensemble_row_wise_adagrad"
+    EMAINPLACE_ROWWISE_ADAGRAD = "ema_in_place_row_wise_adagrad"
+    NONE = "none"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# FBGEMM's training module imports EmbOptimType under this name; scripts use both.
+OptimType = EmbOptimType
+
+
+class SparseType(enum.Enum):
+    """FBGEMM's storage formats. hipdlrm's tables and outputs are FP32, FP16 or BF16."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    NFP8 = "nfp8"
+    INT8 = "int8"
+    INT4 = "int4"
+    INT2 = "int2"
+    BF16 = "bf16"
+    MX4 = "mx4"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def as_dtype(self) -> torch.dtype:
+        """The torch dtype of a float format (the ones hipdlrm stores)."""
+        if self not in _FLOAT_DTYPES:
+            raise NotImplementedError(f"SparseType.{self.name} has no torch dtype in hipdlrm; "
+                                      f"supported: {', '.join('SparseType.' + t.name for t in _FLOAT_DTYPES)}")
+        return _FLOAT_DTYPES[self]
+
+    @staticmethod
+    def from_dtype(dtype: torch.dtype) -> "SparseType":
+        for sparse_type, float_dtype in _FLOAT_DTYPES.items():
+            if float_dtype == dtype:
+                return sparse_type
+        raise ValueError(f"no SparseType for {dtype}; hipdlrm supports torch.float32, float16 and bfloat16")
+
+    def is_float(self) -> bool:
+        return self in (SparseType.FP32, SparseType.FP16, SparseType.BF16, SparseType.FP8, SparseType.NFP8)
+
+
+_FLOAT_DTYPES = {SparseType.FP32: torch.float32, SparseType.FP16: torch.float16, SparseType.BF16: torch.bfloat16}
+
+
+class EmbeddingLocation(enum.IntEnum):
+    """Where FBGEMM keeps a table. hipdlrm keeps every table in its device's memory: DEVICE (GPU) or
+    HOST (CPU tables, ComputeDevice.CPU)."""
+
+    DEVICE = 0
+    MANAGED = 1
+    MANAGED_CACHING = 2
+    HOST = 3
+    MTIA = 4
+
+
+class ComputeDevice(enum.IntEnum):
+    CPU = 0
+    CUDA = 1
+    MTIA = 2
+
+
+class BoundsCheckMode(enum.IntEnum):
+    """FBGEMM's codes. The V2_* modes are FBGEMM's second kernel, same semantics as FATAL/WARNING/IGNORE.
+    NONE skips the check in FBGEMM (for speed); hipdlrm runs IGNORE instead, which changes nothing for
+    valid inputs and keeps invalid ones memory-safe."""
+
+    FATAL = 0
+    WARNING = 1
+    IGNORE = 2
+    NONE = 3
+    V2_IGNORE = 4
+    V2_WARNING = 5
+    V2_FATAL = 6
+
+
+class WeightDecayMode(enum.IntEnum):
+    """FBGEMM's codes (DECOUPLE is hipdlrm's DECOUPLED). COUNTER, COWCLIP and DECOUPLE_GLOBAL are rejected."""
+
+    NONE = 0
+    L2 = 1
+    DECOUPLE = 2
+    COUNTER = 3
+    COWCLIP = 4
+    DECOUPLE_GLOBAL = 5
+
+
+class CacheAlgorithm(enum.IntEnum):
+    """FBGEMM's cache policies. hipdlrm has no cache (no MANAGED_CACHING table), so the policy never acts."""
+
+    LRU = 0
+    LFU = 1
+
+
+def _coerce(enum_cls, value, name: str):
+    """``value`` as a member of ``enum_cls``: a member of it, a member of another enum with the same name
+    (FBGEMM's own, or hipdlrm's), the member's value, or (for string-valued enums) its name."""
+    if isinstance(value, enum_cls):
+        return value
+    if isinstance(value, enum.Enum):
+        if value.name in enum_cls.__members__:
+            return enum_cls[value.name]
+        value = value.value
+    if isinstance(value, str):
+        for member in enum_cls:
+            if value == member.value or value.upper() == member.name:
+                return member
+    elif isinstance(value, int) and not isinstance(value, bool):
+        for member in enum_cls:
+            if value == member.value:
+                return member
+    allowed = ", ".join(f"{enum_cls.__name__}.{m.name}" for m in enum_cls)
+    raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+
+
+def _unsupported(name: str, value, supported: str) -> NotImplementedError:
+    return NotImplementedError(f"{name}={value!r} is not supported by hipdlrm; supported: {supported}")
+
+
+# FBGEMM's optimizer -> hipdlrm's. SGD is FBGEMM's non-deterministic SGD (each lookup's gradient applied
+# with an atomic add); SGD is linear in the gradient, so the exact update (rows' gradients summed, then
+# applied once) is the same step up to the order of fp32 additions.
+_OPTIMIZERS = {
+    EmbOptimType.EXACT_SGD: _HipOptimType.EXACT_SGD,
+    EmbOptimType.SGD: _HipOptimType.EXACT_SGD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD: _HipOptimType.EXACT_ROWWISE_ADAGRAD,
+    EmbOptimType.ADAM: _HipOptimType.ADAM,
+    EmbOptimType.NONE: _HipOptimType.NONE,
+}
+
+_BOUNDS_CHECK_MODES = {
+    BoundsCheckMode.FATAL: _HipBoundsCheckMode.FATAL,
+    BoundsCheckMode.V2_FATAL: _HipBoundsCheckMode.FATAL,
+    BoundsCheckMode.WARNING: _HipBoundsCheckMode.WARNING,
+    BoundsCheckMode.V2_WARNING: _HipBoundsCheckMode.WARNING,
+    BoundsCheckMode.IGNORE: _HipBoundsCheckMode.IGNORE,
+    BoundsCheckMode.V2_IGNORE: _HipBoundsCheckMode.IGNORE,
+    BoundsCheckMode.NONE: _HipBoundsCheckMode.IGNORE,
+}
+
+
+def _fp32(value: float) -> float:
+    """FBGEMM keeps the learning rate in an fp32 tensor: the step uses, and get_learning_rate returns, the
+    fp32 value nearest to what was set."""
+    return float(torch.tensor(float(value), dtype=torch.float32))
+
+
+def _weight_decay(optimizer: EmbOptimType, weight_decay: float,
+                  mode: WeightDecayMode) -> Tuple[float, _HipWeightDecayMode]:
+    """hipdlrm's (weight_decay, mode) giving FBGEMM's update for ``optimizer``."""
+    if mode in (WeightDecayMode.COUNTER, WeightDecayMode.COWCLIP, WeightDecayMode.DECOUPLE_GLOBAL):
+        raise _unsupported("weight_decay_mode", mode, "WeightDecayMode.NONE, L2, DECOUPLE")
+    if optimizer == EmbOptimType.NONE or weight_decay == 0.0:
+        return 0.0, _HipWeightDecayMode.NONE
+    if optimizer in (EmbOptimType.EXACT_SGD, EmbOptimType.SGD):
+        if mode == WeightDecayMode.NONE:
+            return 0.0, _HipWeightDecayMode.NONE
+        raise ValueError(f"weight_decay={weight_decay} with weight_decay_mode={mode.name}: FBGEMM's "
+                         f"{optimizer.name} applies no weight decay (its update would ignore both); pass "
+                         "weight_decay=0 or weight_decay_mode=WeightDecayMode.NONE, or use EXACT_ROWWISE_ADAGRAD "
+                         "or ADAM")
+    if optimizer == EmbOptimType.ADAM:
+        # FBGEMM's Adam always decays decoupled (AdamW), whatever weight_decay_mode says.
+        if mode == WeightDecayMode.L2:
+            raise ValueError(f"weight_decay_mode=L2 with ADAM: FBGEMM's ADAM applies weight_decay decoupled "
+                             "(AdamW) whatever the mode; pass WeightDecayMode.DECOUPLE (or NONE) for that, or use "
+                             "hipdlrm.TableBatchedEmbedding for L2 Adam")
+        return float(weight_decay), _HipWeightDecayMode.DECOUPLED
+    # EXACT_ROWWISE_ADAGRAD: FBGEMM's NONE mode leaves weight_decay unused.
+    if mode == WeightDecayMode.NONE:
+        return 0.0, _HipWeightDecayMode.NONE
+    return float(weight_decay), _HipWeightDecayMode(int(mode))
+
+
+def _embedding_specs(embedding_specs) -> Tuple[List[Tuple[int, int]], List[EmbeddingLocation], ComputeDevice]:
+    if isinstance(embedding_specs, (str, bytes)) or not isinstance(embedding_specs, Sequence):
+        raise ValueError(f"embedding_specs must be a list of (rows, dim, EmbeddingLocation, ComputeDevice), "
+                         f"got {type(embedding_specs).__name__}")
+    specs, locations, devices = [], [], []
+    for i, spec in enumerate(embedding_specs):
+        if not isinstance(spec, Sequence) or len(spec) != 4:
+            raise ValueError(f"embedding_specs[{i}] must be (rows, dim, EmbeddingLocation, ComputeDevice), "
+                             f"got {spec!r}")
+        rows, dim, location, compute_device = spec
+        specs.append((rows, dim))
+        locations.append(_coerce(EmbeddingLocation, location, f"embedding_specs[{i}] location"))
+        devices.append(_coerce(ComputeDevice, compute_device, f"embedding_specs[{i}] compute device"))
+    if not specs:
+        raise ValueError("embedding_specs must describe at least one table")
+    if any(d != devices[0] for d in devices):
+        raise ValueError(f"every table must have the same compute device (as FBGEMM requires), "
+                         f"got {[d.name for d in devices]}")
+    compute_device = devices[0]
+    if compute_device == ComputeDevice.MTIA:
+        raise _unsupported("embedding_specs compute device", compute_device, "ComputeDevice.CPU, ComputeDevice.CUDA")
+    for i, location in enumerate(locations):
+        if location in (EmbeddingLocation.MANAGED, EmbeddingLocation.MANAGED_CACHING, EmbeddingLocation.MTIA):
+            raise _unsupported(f"embedding_specs[{i}] location", location,
+                               "EmbeddingLocation.DEVICE (ComputeDevice.CUDA) and HOST (ComputeDevice.CPU); "
+                               "hipdlrm keeps every table in its device's memory (no UVM, no cache)")
+        wanted = EmbeddingLocation.HOST if compute_device == ComputeDevice.CPU else EmbeddingLocation.DEVICE
+        if location != wanted:
+            raise ValueError(f"embedding_specs[{i}]: EmbeddingLocation.{location.name} does not go with "
+                             f"ComputeDevice.{compute_device.name} (FBGEMM's rule: CPU tables are HOST, GPU tables "
+                             "DEVICE)")
+    return specs, locations, compute_device
+
+
+def _sparse_type(value, name: str, allow_none: bool = False) -> Optional[SparseType]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, torch.dtype):
+        return SparseType.from_dtype(value)
+    return _coerce(SparseType, value, name)
+
+
+def _float_dtype(value, name: str) -> torch.dtype:
+    sparse_type = _sparse_type(value, name)
+    if sparse_type not in _FLOAT_DTYPES:
+        raise _unsupported(name, sparse_type, "SparseType.FP32, FP16, BF16 (quantized tables are not implemented)")
+    return _FLOAT_DTYPES[sparse_type]
+
+
+def _require_unset(name: str, value, what: str) -> None:
+    if value is not None:
+        raise _unsupported(name, value, f"None ({what})")
+
+
+class _MaskPerSampleWeightGrad(torch.autograd.Function):
+    """Identity on the per-sample weights whose backward zeroes the gradient of the features whose
+    ``feature_requires_grad`` entry is 0 (FBGEMM's meaning of that argument). The feature of each position
+    comes from ``offsets`` as they are when the backward runs, i.e. after the forward's bounds check."""
+
+    @staticmethod
+    def forward(ctx, per_sample_weights, offsets, feature_requires_grad, num_features):
+        ctx.offsets, ctx.feature_requires_grad, ctx.num_features = offsets, feature_requires_grad, num_features
+        return per_sample_weights.view_as(per_sample_weights)
+
+    @staticmethod
+    def backward(ctx, grad):
+        offsets = ctx.offsets
+        batch = (offsets.numel() - 1) // ctx.num_features
+        feature_starts = offsets[::batch].to(torch.int64) if batch > 0 else offsets[:1].to(torch.int64)
+        positions = torch.arange(grad.numel(), device=grad.device)
+        feature = torch.bucketize(positions, feature_starts, right=True) - 1
+        in_a_feature = (feature >= 0) & (feature < ctx.num_features)
+        flags = ctx.feature_requires_grad.to(device=grad.device) != 0
+        keep = in_a_feature & flags[feature.clamp(0, ctx.num_features - 1)]
+        return grad * keep.to(grad.dtype), None, None, None
+
+
+class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
+    """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (fbgemm-gpu 1.8.0's signature) on hipdlrm.
+
+    The constructor takes FBGEMM's arguments by name and by position with FBGEMM's defaults; docs/fbgemm.md
+    lists, for each, whether it takes effect, has no effect (in FBGEMM either, for tables that are not
+    cached), or is rejected. The optimizer is fused into the backward as in FBGEMM: ``loss.backward()``
+    updates the tables.
+    """
+
+    def __init__(  # noqa: C901  (one check per FBGEMM argument)
+        self,
+        embedding_specs: List[Tuple[int, int, EmbeddingLocation, ComputeDevice]],
+        feature_table_map: Optional[List[int]] = None,
+        cache_algorithm: CacheAlgorithm = CacheAlgorithm.LRU,
+        cache_load_factor: float = 0.2,
+        cache_sets: int = 0,
+        cache_reserved_memory: float = 0.0,
+        cache_precision: Optional[SparseType] = None,
+        weights_precision: SparseType = SparseType.FP32,
+        output_dtype: SparseType = SparseType.FP32,
+        enforce_hbm: bool = False,
+        optimizer: EmbOptimType = EmbOptimType.EXACT_SGD,
+        record_cache_metrics: Optional[Any] = None,
+        gather_uvm_cache_stats: Optional[bool] = False,
+        stochastic_rounding: bool = True,
+        gradient_clipping: bool = False,
+        max_gradient: float = 1.0,
+        max_norm: float = 0.0,
+        learning_rate: float = 0.01,
+        eps: float = 1.0e-8,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        weight_decay_mode: WeightDecayMode = WeightDecayMode.NONE,
+        eta: float = 0.001,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        ensemble_mode: Optional[Any] = None,
+        emainplace_mode: Optional[Any] = None,
+        counter_based_regularization: Optional[Any] = None,
+        cowclip_regularization: Optional[Any] = None,
+        pooling_mode: PoolingMode = PoolingMode.SUM,
+        device: Optional[Union[str, int, torch.device]] = None,
+        bounds_check_mode: BoundsCheckMode = BoundsCheckMode.WARNING,
+        uvm_non_rowwise_momentum: bool = False,
+        use_experimental_tbe: bool = False,
+        prefetch_pipeline: bool = False,
+        stats_reporter_config: Optional[Any] = None,
+        table_names: Optional[List[str]] = None,
+        optimizer_state_dtypes: Optional[Dict[str, SparseType]] = None,
+        multipass_prefetch_config: Optional[Any] = None,
+        global_weight_decay: Optional[Any] = None,
+        uvm_host_mapped: bool = False,
+        extra_optimizer_config: Optional[Any] = None,
+        tbe_input_multiplexer_config: Optional[Any] = None,
+        embedding_table_index_type: torch.dtype = torch.int64,
+        embedding_table_offset_type: torch.dtype = torch.int64,
+        embedding_shard_info: Optional[List[Tuple[int, int, int, int]]] = None,
+        enable_raw_embedding_streaming: bool = False,
+        res_params: Optional[Any] = None,
+        is_qr_tbe: bool = False,
+        preallocated_host_buffers: Optional[Dict[str, torch.Tensor]] = None,
+    ) -> None:
+        specs, locations, compute_device = _embedding_specs(embedding_specs)
+        num_tables = len(specs)
+        if feature_table_map is not None:
+            used = {int(t) for t in feature_table_map}
+            missing = [t for t in range(num_tables) if t not in used]
+            if missing and all(0 <= t < num_tables for t in used):
+                raise ValueError(f"feature_table_map must give every table at least one feature (as FBGEMM "
+                                 f"requires); tables {missing} have none")
+
+        # The cache and UVM arguments: every table is resident (no MANAGED / MANAGED_CACHING table is
+        # accepted), so, as in FBGEMM for such tables, they select nothing. Their values are still checked.
+        _coerce(CacheAlgorithm, cache_algorithm, "cache_algorithm")
+        _sparse_type(cache_precision, "cache_precision", allow_none=True)
+        if prefetch_pipeline and _coerce(CacheAlgorithm, cache_algorithm, "cache_algorithm") != CacheAlgorithm.LRU:
+            raise ValueError("prefetch_pipeline=True needs cache_algorithm=CacheAlgorithm.LRU (as in FBGEMM)")
+        if record_cache_metrics is not None and (getattr(record_cache_metrics, "record_cache_miss_counter", True)
+                                                 or getattr(record_cache_metrics, "record_tablewise_cache_miss", True)):
+            raise _unsupported("record_cache_metrics", record_cache_metrics,
+                               "None or RecordCacheMetrics(False, False) (hipdlrm has no cache to measure)")
+        if gather_uvm_cache_stats:
+            raise _unsupported("gather_uvm_cache_stats", gather_uvm_cache_stats, "False (hipdlrm has no UVM cache)")
+        if uvm_non_rowwise_momentum:
+            raise _unsupported("uvm_non_rowwise_momentum", uvm_non_rowwise_momentum,
+                               "False (optimizer state stays in device memory)")
+        _require_unset("multipass_prefetch_config", multipass_prefetch_config, "hipdlrm has no cache to prefetch into")
+        _require_unset("preallocated_host_buffers", preallocated_host_buffers,
+                       "hipdlrm allocates its tables and states itself")
+
+        # The optimizer and its settings.
+        fbgemm_optimizer = _coerce(EmbOptimType, optimizer, "optimizer")
+        if fbgemm_optimizer not in _OPTIMIZERS:
+            extra = (" (FBGEMM 1.8.0 rejects it as deprecated too; EXACT_ROWWISE_ADAGRAD is the exact update)"
+                     if fbgemm_optimizer == EmbOptimType.ROWWISE_ADAGRAD else "")
+            raise _unsupported("optimizer", fbgemm_optimizer,
+                               "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, ADAM, NONE" + extra)
+        if gradient_clipping:
+            raise _unsupported("gradient_clipping", gradient_clipping, "False (gradient clipping is not implemented)")
+        if float(max_norm) > 0.0:
+            raise _unsupported("max_norm", max_norm, "0.0 (max-norm row clipping is not implemented)")
+        fbgemm_weight_decay_mode = _coerce(WeightDecayMode, weight_decay_mode, "weight_decay_mode")
+        _require_unset("counter_based_regularization", counter_based_regularization,
+                       "it goes with WeightDecayMode.COUNTER, which is not implemented")
+        _require_unset("cowclip_regularization", cowclip_regularization,
+                       "it goes with WeightDecayMode.COWCLIP, which is not implemented")
+        _require_unset("global_weight_decay", global_weight_decay,
+                       "it goes with WeightDecayMode.DECOUPLE_GLOBAL, which is not implemented")
+        _require_unset("ensemble_mode", ensemble_mode,
+                       "it configures ENSEMBLE_ROWWISE_ADAGRAD, which is not implemented")
+        _require_unset("emainplace_mode", emainplace_mode,
+                       "it configures EMAINPLACE_ROWWISE_ADAGRAD, which is not implemented")
+        hip_weight_decay, hip_weight_decay_mode = _weight_decay(fbgemm_optimizer, float(weight_decay),
+                                                                fbgemm_weight_decay_mode)
+        if optimizer_state_dtypes:
+            narrower = {k: v for k, v in optimizer_state_dtypes.items()
+                        if _sparse_type(v, f"optimizer_state_dtypes[{k!r}]") != SparseType.FP32}
+            if narrower:
+                raise _unsupported("optimizer_state_dtypes", optimizer_state_dtypes,
+                                   "None or SparseType.FP32 states (hipdlrm keeps every optimizer state in fp32)")
+        if extra_optimizer_config is not None:
+            for flag in ("use_rowwise_bias_correction", "use_writeback_bwd_prehook"):
+                if getattr(extra_optimizer_config, flag, False):
+                    raise _unsupported(f"extra_optimizer_config.{flag}", True, "False (not implemented)")
+
+        # Inputs, monitoring and streaming.
+        for name, dtype in (("embedding_table_index_type", embedding_table_index_type),
+                            ("embedding_table_offset_type", embedding_table_offset_type)):
+            if dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name} must be torch.int32 or torch.int64, got {dtype}")
+        _require_unset("stats_reporter_config", stats_reporter_config, "statistics reporting is not implemented")
+        _require_unset("tbe_input_multiplexer_config", tbe_input_multiplexer_config,
+                       "the input multiplexer is not implemented")
+        if enable_raw_embedding_streaming:
+            raise _unsupported("enable_raw_embedding_streaming", True, "False (not implemented)")
+        if is_qr_tbe:
+            raise _unsupported("is_qr_tbe", True, "False (QR embeddings are not implemented)")
+        if table_names is not None:
+            table_names = list(table_names)
+            if len(table_names) != num_tables or not all(isinstance(n, str) for n in table_names):
+                raise ValueError(f"table_names must be {num_tables} strings (one per table), got {table_names!r}")
+
+        # FBGEMM lets this environment variable override the argument; so does hipdlrm.
+        env_mode = os.environ.get("FBGEMM_TBE_BOUNDS_CHECK_MODE")
+        fbgemm_bounds_check_mode = _coerce(BoundsCheckMode,
+                                           int(env_mode) if env_mode is not None else bounds_check_mode,
+                                           "bounds_check_mode")
+        pooling_mode = _coerce(PoolingMode, pooling_mode, "pooling_mode")
+
+        if device is None:
+            if compute_device == ComputeDevice.CPU:
+                device = torch.device("cpu")
+            elif torch.cuda.is_available():
+                device = torch.device("cuda", torch.cuda.current_device())
+            else:
+                raise RuntimeError("embedding_specs ask for ComputeDevice.CUDA tables but no GPU is available; use "
+                                   "(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for CPU tables")
+        device = torch.device(device)
+        if (device.type == "cpu") != (compute_device == ComputeDevice.CPU):
+            raise ValueError(f"device={device} does not go with ComputeDevice.{compute_device.name} in embedding_specs")
+
+        super().__init__(
+            [(int(rows), int(dim)) for rows, dim in specs],
+            feature_table_map=feature_table_map,
+            pooling_mode=pooling_mode,
+            weights_precision=_float_dtype(weights_precision, "weights_precision"),
+            output_dtype=_float_dtype(output_dtype, "output_dtype"),
+            bounds_check_mode=_BOUNDS_CHECK_MODES[fbgemm_bounds_check_mode],
+            device=device,
+            optimizer=_OPTIMIZERS[fbgemm_optimizer],
+            learning_rate=_fp32(learning_rate),
+            eps=float(eps),
+            weight_decay=hip_weight_decay,
+            weight_decay_mode=hip_weight_decay_mode,
+            beta1=float(beta1),
+            beta2=float(beta2),
+            stochastic_rounding=bool(stochastic_rounding),
+        )
+        self.fbgemm_optimizer: EmbOptimType = fbgemm_optimizer
+        self.fbgemm_weight_decay_mode: WeightDecayMode = fbgemm_weight_decay_mode
+        self.table_names: Optional[List[str]] = table_names
+        self.embedding_table_index_type: torch.dtype = embedding_table_index_type
+        self.embedding_table_offset_type: torch.dtype = embedding_table_offset_type
+        self.bounds_check_mode_int: int = int(_BOUNDS_CHECK_MODES[fbgemm_bounds_check_mode])
+        self.current_device: torch.device = self.weights.device
+
+    # ---- forward --------------------------------------------------------------------------------------
+
+    def forward(  # noqa: C901
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        per_sample_weights: Optional[torch.Tensor] = None,
+        feature_requires_grad: Optional[torch.Tensor] = None,
+        batch_size_per_feature_per_rank: Optional[List[List[int]]] = None,
+        total_unique_indices: Optional[int] = None,
+        hash_zch_identities: Optional[torch.Tensor] = None,
+        hash_zch_runtime_meta: Optional[torch.Tensor] = None,
+        vbe_output: Optional[torch.Tensor] = None,
+        vbe_output_offsets: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """FBGEMM's forward: ``[B, total_D]`` (SUM / MEAN) or ``[len(indices), dim]`` (NONE pooling).
+
+        As FBGEMM does, indices become ``embedding_table_index_type`` when that is int32, offsets take the
+        indices' dtype and per-sample weights become fp32 (their gradient flows back through the cast).
+        ``feature_requires_grad`` (one flag per feature) zeroes the per-sample-weight gradient of the
+        features whose flag is 0.
+        """
+        if batch_size_per_feature_per_rank is not None or vbe_output is not None or vbe_output_offsets is not None:
+            raise NotImplementedError("variable batch sizes per feature (batch_size_per_feature_per_rank, vbe_output, "
+                                      "vbe_output_offsets) are not supported by hipdlrm yet; pass None")
+        if hash_zch_identities is not None or hash_zch_runtime_meta is not None:
+            raise NotImplementedError("hash_zch_identities / hash_zch_runtime_meta feed raw embedding streaming, "
+                                      "which hipdlrm does not implement; pass None")
+        for name, t in (("indices", indices), ("offsets", offsets)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        if self.optimizer == _HipOptimType.NONE and (total_unique_indices is None
+                                                     or total_unique_indices > indices.numel()):
+            raise ValueError(f"OptimType.NONE needs total_unique_indices (at most len(indices) = {indices.numel()}), "
+                             f"as FBGEMM does; got {total_unique_indices!r}")
+        if self.embedding_table_index_type == torch.int32:
+            indices = indices.to(torch.int32)
+        offsets = offsets.to(indices.dtype)
+        if per_sample_weights is not None:
+            if not isinstance(per_sample_weights, torch.Tensor) or not per_sample_weights.is_floating_point():
+                raise ValueError(f"per_sample_weights must be a floating-point tensor, got {per_sample_weights!r}")
+            per_sample_weights = per_sample_weights.float()
+            if feature_requires_grad is not None and per_sample_weights.requires_grad and torch.is_grad_enabled():
+                if not isinstance(feature_requires_grad, torch.Tensor) or feature_requires_grad.shape != (
+                        self.num_features,):
+                    raise ValueError(f"feature_requires_grad must be a tensor of {self.num_features} flags (one per "
+                                     f"feature), got {feature_requires_grad!r}")
+                per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, offsets,
+                                                                    feature_requires_grad, self.num_features)
+        return super().forward(indices, offsets, per_sample_weights)
+
+    def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, forward_stream: Optional[Any] = None,
+                 batch_size_per_feature_per_rank: Optional[List[List[int]]] = None) -> None:
+        """No-op: FBGEMM's prefetch fills the UVM cache, and hipdlrm has no cache."""
+
+    def flush(self) -> None:
+        """No-op: FBGEMM's flush writes the cache back to UVM, and hipdlrm has no cache."""
+
+    # ---- optimizer state --------------------------------------------------------------------------------
+
+    def _no_optimizer_state(self, what: str) -> None:
+        if self.optimizer == _HipOptimType.NONE:
+            raise NotImplementedError(f"{what} is not supported for {EmbOptimType.NONE} (as in FBGEMM)")
+
+    def split_optimizer_states(self) -> List[List[torch.Tensor]]:
+        """FBGEMM's per-table views: ``[momentum1 [rows]]`` (EXACT_ROWWISE_ADAGRAD), ``[momentum1 [rows, dim],
+        momentum2 [rows, dim]]`` (ADAM); ``[]`` (not one empty list per table) for SGD, as FBGEMM returns."""
+        self._no_optimizer_state("split_optimizer_states")
+        if self.optimizer == _HipOptimType.EXACT_SGD:
+            return []
+        return super().split_optimizer_states()
+
+    def get_optimizer_state(self) -> List[Dict[str, torch.Tensor]]:
+        """Per table, the state under torch.optim's names: ``{"sum"}`` (row-wise Adagrad), ``{"exp_avg",
+        "exp_avg_sq"}`` (Adam); ``[]`` for SGD (FBGEMM's result: it has no state)."""
+        states = self.split_optimizer_states()
+        if self.optimizer == _HipOptimType.EXACT_ROWWISE_ADAGRAD:
+            return [{"sum": s[0]} for s in states]
+        if self.optimizer == _HipOptimType.ADAM:
+            return [{"exp_avg": s[0], "exp_avg_sq": s[1]} for s in states]
+        return []
+
+    def set_learning_rate(self, lr: float) -> None:
+        self._no_optimizer_state("set_learning_rate")
+        _set_learning_rate(self, _fp32(lr))
+
+    def get_learning_rate(self) -> float:
+        return float(self.learning_rate)
+
+    def update_hyper_parameters(self, params_dict: Dict[str, float]) -> None:
+        """FBGEMM's keys: ``lr``, ``eps``, ``beta1``, ``beta2``, ``weight_decay`` (interpreted with the
+        constructor's optimizer and weight_decay_mode, as in FBGEMM)."""
+        self._no_optimizer_state("update_hyper_parameters")
+        for name, value in params_dict.items():
+            if name == "lr":
+                _set_learning_rate(self, _fp32(value))
+            elif name in ("eps", "beta1", "beta2"):
+                _set_hyper_parameter(self, name, float(value))
+            elif name == "weight_decay":
+                decay, mode = _weight_decay(self.fbgemm_optimizer, float(value), self.fbgemm_weight_decay_mode)
+                _set_hyper_parameter(self, "weight_decay", decay)
+                _set_hyper_parameter(self, "weight_decay_mode", mode)
+            else:
+                raise NotImplementedError(f"update_hyper_parameters: {name!r} is not supported; supported: lr, eps, "
+                                          "beta1, beta2, weight_decay")
+
+    def set_optimizer_step(self, step: int) -> None:
+        """The step count the next backward continues from (its update uses ``step + 1``, as FBGEMM's does)."""
+        self._no_optimizer_state("set_optimizer_step")
+        _set_optimizer_step(self, int(step))
+
+    @property
+    def iter(self) -> torch.Tensor:
+        """FBGEMM's step counter: a one-element int64 view of the steps taken so far (read it; set it with
+        ``set_optimizer_step``). Absent under OptimType.NONE, as in FBGEMM."""
+        if self.optimizer == _HipOptimType.NONE:
+            raise AttributeError("OptimType.NONE keeps no step counter (FBGEMM's module has no `iter` then either)")
+        return _optimizer_step_tensor(self)
+
+
+# ---- adapters ---------------------------------------------------------------------------------------------
+# What the class needs from TableBatchedEmbedding beyond its documented constructor and methods: setting the
+# learning rate and the other hyper-parameters after construction, and reading and setting the step counter.
+# Each is one small function here, so it has one place to change when the module grows these as methods.
+
+
+def _set_learning_rate(module: TableBatchedEmbedding, lr: float) -> None:
+    module.learning_rate = lr
+
+
+def _set_hyper_parameter(module: TableBatchedEmbedding, name: str, value) -> None:
+    setattr(module, name, value)
+
+
+def _optimizer_step_tensor(module: TableBatchedEmbedding) -> torch.Tensor:
+    return module.optimizer_counters[:1]
+
+
+def _set_optimizer_step(module: TableBatchedEmbedding, step: int) -> None:
+    module.optimizer_counters[0] = step
+    module._host_counters[0] = step

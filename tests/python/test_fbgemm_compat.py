@@ -1,0 +1,841 @@
+"""hipdlrm.fbgemm: FBGEMM's SplitTableBatchedEmbeddingBagsCodegen on hipdlrm (docs/fbgemm.md).
+
+- Without fbgemm_gpu: the signature against a recorded copy of fbgemm-gpu 1.8.0's, the enums, the errors
+  for what is not implemented, the methods, and training against an independent plain-PyTorch formula.
+- With fbgemm_gpu (fbgemm-gpu-cpu 1.8.0): the signature against the installed class, FBGEMM's own enum
+  members accepted, and FBGEMM's CPU module as the oracle (same specs, weights and batches -> same outputs,
+  weights and optimizer states after several steps) for the optimizers both implement on the CPU
+  (EXACT_SGD, EXACT_ROWWISE_ADAGRAD). Where FBGEMM's CPU path is wrong (documented in docs/fbgemm.md and
+  pinned by the test_fbgemm_cpu_* tests below) the independent formula is the reference instead.
+"""
+import enum
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import hipdlrm
+from hipdlrm import fbgemm as hf
+
+CPU_SPEC = (hf.EmbeddingLocation.HOST, hf.ComputeDevice.CPU)
+SCRIPT = os.path.join(os.path.dirname(__file__), "fbgemm_scripts", "train_tbe.py")
+REPO_PYTHON = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "python"))
+
+
+def _fbgemm_or_none():
+    try:
+        from fbgemm_gpu import split_table_batched_embeddings_ops_training as training
+    except Exception as exc:  # not installed, or built for another torch (undefined symbols)
+        return None, f"fbgemm_gpu does not import with torch {torch.__version__}: {exc}"
+    return training, None
+
+
+FBGEMM, FBGEMM_WHY = _fbgemm_or_none()
+needs_fbgemm = pytest.mark.skipif(FBGEMM is None, reason=str(FBGEMM_WHY))
+
+
+# fbgemm-gpu 1.8.0's constructor, in order: (name, default); enum defaults as "Class.MEMBER".
+FBGEMM_1_8_SIGNATURE = [
+    ("embedding_specs", inspect.Parameter.empty), ("feature_table_map", None),
+    ("cache_algorithm", "CacheAlgorithm.LRU"), ("cache_load_factor", 0.2), ("cache_sets", 0),
+    ("cache_reserved_memory", 0.0), ("cache_precision", None), ("weights_precision", "SparseType.FP32"),
+    ("output_dtype", "SparseType.FP32"), ("enforce_hbm", False), ("optimizer", "EmbOptimType.EXACT_SGD"),
+    ("record_cache_metrics", None), ("gather_uvm_cache_stats", False), ("stochastic_rounding", True),
+    ("gradient_clipping", False), ("max_gradient", 1.0), ("max_norm", 0.0), ("learning_rate", 0.01),
+    ("eps", 1e-08), ("momentum", 0.9), ("weight_decay", 0.0), ("weight_decay_mode", "WeightDecayMode.NONE"),
+    ("eta", 0.001), ("beta1", 0.9), ("beta2", 0.999), ("ensemble_mode", None), ("emainplace_mode", None),
+    ("counter_based_regularization", None), ("cowclip_regularization", None), ("pooling_mode", "PoolingMode.SUM"),
+    ("device", None), ("bounds_check_mode", "BoundsCheckMode.WARNING"), ("uvm_non_rowwise_momentum", False),
+    ("use_experimental_tbe", False), ("prefetch_pipeline", False), ("stats_reporter_config", None),
+    ("table_names", None), ("optimizer_state_dtypes", None), ("multipass_prefetch_config", None),
+    ("global_weight_decay", None), ("uvm_host_mapped", False), ("extra_optimizer_config", None),
+    ("tbe_input_multiplexer_config", None), ("embedding_table_index_type", torch.int64),
+    ("embedding_table_offset_type", torch.int64), ("embedding_shard_info", None),
+    ("enable_raw_embedding_streaming", False), ("res_params", None), ("is_qr_tbe", False),
+    ("preallocated_host_buffers", None),
+]
+FBGEMM_1_8_FORWARD = ["indices", "offsets", "per_sample_weights", "feature_requires_grad",
+                      "batch_size_per_feature_per_rank", "total_unique_indices", "hash_zch_identities",
+                      "hash_zch_runtime_meta", "vbe_output", "vbe_output_offsets"]
+
+
+def _portable(default):
+    if isinstance(default, enum.Enum):
+        return f"{type(default).__name__}.{default.name}"
+    return default
+
+
+def _signature(cls):
+    return [(p.name, _portable(p.default)) for p in list(inspect.signature(cls.__init__).parameters.values())[1:]]
+
+
+# ---- signature and enums (no oracle) ---------------------------------------------------------------------
+
+
+def test_signature_matches_fbgemm_1_8():
+    assert _signature(hf.SplitTableBatchedEmbeddingBagsCodegen) == FBGEMM_1_8_SIGNATURE
+    params = list(inspect.signature(hf.SplitTableBatchedEmbeddingBagsCodegen.forward).parameters)[1:]
+    assert params == FBGEMM_1_8_FORWARD
+
+
+@needs_fbgemm
+def test_signature_matches_installed_fbgemm():
+    fb = FBGEMM.SplitTableBatchedEmbeddingBagsCodegen
+    assert _signature(hf.SplitTableBatchedEmbeddingBagsCodegen) == _signature(fb)
+    ours = inspect.signature(hf.SplitTableBatchedEmbeddingBagsCodegen.forward).parameters
+    theirs = inspect.signature(fb.forward).parameters
+    assert [(n, p.default) for n, p in ours.items()] == [(n, p.default) for n, p in theirs.items()]
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("name", ["OptimType", "SparseType", "EmbeddingLocation", "ComputeDevice", "PoolingMode",
+                                  "BoundsCheckMode", "WeightDecayMode", "CacheAlgorithm"])
+def test_enums_match_installed_fbgemm(name):
+    ours, theirs = getattr(hf, name), getattr(FBGEMM, name)
+    assert [(m.name, m.value) for m in ours] == [(m.name, m.value) for m in theirs]
+
+
+def test_enums_are_fbgemm_shaped():
+    assert hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD.value == "exact_row_wise_adagrad"
+    assert str(hf.EmbOptimType.ADAM) == "adam" and hf.OptimType is hf.EmbOptimType
+    assert hf.SparseType.FP16.as_dtype() == torch.float16
+    assert hf.SparseType.from_dtype(torch.bfloat16) == hf.SparseType.BF16
+    assert hf.PoolingMode is hipdlrm.PoolingMode  # one definition, FBGEMM's codes
+    assert int(hf.WeightDecayMode.DECOUPLE) == int(hipdlrm.WeightDecayMode.DECOUPLED)
+    assert [int(m) for m in hf.BoundsCheckMode] == list(range(7))
+
+
+# ---- construction --------------------------------------------------------------------------------------------
+
+
+def _make(specs=((10, 4), (7, 8)), **kwargs):
+    return hf.SplitTableBatchedEmbeddingBagsCodegen([(r, d) + CPU_SPEC for r, d in specs], **kwargs)
+
+
+def test_is_a_table_batched_embedding_with_one_state_dict():
+    tbe = _make(optimizer=hf.EmbOptimType.ADAM)
+    base = hipdlrm.TableBatchedEmbedding([(10, 4), (7, 8)], optimizer=hipdlrm.OptimType.ADAM, device="cpu")
+    assert isinstance(tbe, hipdlrm.TableBatchedEmbedding)
+    assert set(tbe.state_dict()) == set(base.state_dict())
+    assert tbe.weights.device.type == "cpu"
+
+
+def test_positional_arguments_follow_fbgemm_order():
+    specs = [(10, 4) + CPU_SPEC]
+    # embedding_specs, feature_table_map, cache_algorithm, cache_load_factor, cache_sets, cache_reserved_memory,
+    # cache_precision, weights_precision, output_dtype, enforce_hbm, optimizer
+    tbe = hf.SplitTableBatchedEmbeddingBagsCodegen(specs, [0, 0], hf.CacheAlgorithm.LRU, 0.2, 0, 0.0, None,
+                                                   hf.SparseType.FP16, hf.SparseType.BF16, False,
+                                                   hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD)
+    assert tbe.weights.dtype == torch.float16 and tbe.output_dtype == torch.bfloat16
+    assert tbe.optimizer == hipdlrm.OptimType.EXACT_ROWWISE_ADAGRAD and tbe.feature_table_map == [0, 0]
+
+
+def test_defaults_are_fbgemms():
+    tbe = _make()
+    assert tbe.fbgemm_optimizer == hf.EmbOptimType.EXACT_SGD and tbe.optimizer == hipdlrm.OptimType.EXACT_SGD
+    assert tbe.weights.dtype == torch.float32 and tbe.output_dtype == torch.float32
+    assert tbe.pooling_mode == hf.PoolingMode.SUM and tbe.bounds_check_mode == hipdlrm.BoundsCheckMode.WARNING
+    assert tbe.stochastic_rounding is True
+    assert tbe.get_learning_rate() == float(torch.tensor(0.01, dtype=torch.float32))
+    assert all(float(w.abs().max()) == 0 for w in tbe.split_embedding_weights())  # FBGEMM's tables start at 0
+
+
+def test_enum_arguments_accept_names_values_and_hipdlrm_members():
+    a = _make(optimizer="exact_row_wise_adagrad", weights_precision="fp16", pooling_mode=1,
+              bounds_check_mode=hipdlrm.BoundsCheckMode.IGNORE, weight_decay_mode=hipdlrm.WeightDecayMode.L2,
+              weight_decay=0.1)
+    assert a.optimizer == hipdlrm.OptimType.EXACT_ROWWISE_ADAGRAD and a.weights.dtype == torch.float16
+    assert a.pooling_mode == hf.PoolingMode.MEAN and a.bounds_check_mode == hipdlrm.BoundsCheckMode.IGNORE
+    assert a.weight_decay_mode == hipdlrm.WeightDecayMode.L2
+    b = _make(optimizer=hipdlrm.OptimType.ADAM, weights_precision=torch.bfloat16)
+    assert b.fbgemm_optimizer == hf.EmbOptimType.ADAM and b.weights.dtype == torch.bfloat16
+
+
+@needs_fbgemm
+def test_accepts_fbgemms_own_enum_members():
+    t = FBGEMM
+    specs = [(rows, dim, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU) for rows, dim in ((10, 4), (7, 8))]
+    tbe = hf.SplitTableBatchedEmbeddingBagsCodegen(
+        specs, cache_algorithm=t.CacheAlgorithm.LFU, weights_precision=t.SparseType.FP16,
+        output_dtype=t.SparseType.FP16, optimizer=t.OptimType.EXACT_ROWWISE_ADAGRAD, pooling_mode=t.PoolingMode.MEAN,
+        bounds_check_mode=t.BoundsCheckMode.V2_FATAL, weight_decay_mode=t.WeightDecayMode.DECOUPLE, weight_decay=0.5)
+    assert tbe.weights.dtype == torch.float16 and tbe.output_dtype == torch.float16
+    assert tbe.optimizer == hipdlrm.OptimType.EXACT_ROWWISE_ADAGRAD and tbe.pooling_mode == hf.PoolingMode.MEAN
+    assert tbe.bounds_check_mode == hipdlrm.BoundsCheckMode.FATAL
+    assert tbe.weight_decay_mode == hipdlrm.WeightDecayMode.DECOUPLED and tbe.weight_decay == 0.5
+
+
+@pytest.mark.parametrize("mode, expected", [
+    (hf.BoundsCheckMode.FATAL, hipdlrm.BoundsCheckMode.FATAL),
+    (hf.BoundsCheckMode.V2_FATAL, hipdlrm.BoundsCheckMode.FATAL),
+    (hf.BoundsCheckMode.WARNING, hipdlrm.BoundsCheckMode.WARNING),
+    (hf.BoundsCheckMode.V2_WARNING, hipdlrm.BoundsCheckMode.WARNING),
+    (hf.BoundsCheckMode.IGNORE, hipdlrm.BoundsCheckMode.IGNORE),
+    (hf.BoundsCheckMode.V2_IGNORE, hipdlrm.BoundsCheckMode.IGNORE),
+    (hf.BoundsCheckMode.NONE, hipdlrm.BoundsCheckMode.IGNORE)])
+def test_bounds_check_modes(mode, expected):
+    assert _make(bounds_check_mode=mode).bounds_check_mode == expected
+
+
+def test_bounds_check_mode_environment_override(monkeypatch):
+    monkeypatch.setenv("FBGEMM_TBE_BOUNDS_CHECK_MODE", "0")
+    tbe = _make(bounds_check_mode=hf.BoundsCheckMode.IGNORE)
+    assert tbe.bounds_check_mode == hipdlrm.BoundsCheckMode.FATAL
+    with pytest.raises(Exception, match="out of range|bounds|invalid"):
+        tbe(torch.tensor([10]), torch.tensor([0, 1, 1]))
+
+
+def test_sgd_runs_as_exact_sgd():
+    assert _make(optimizer=hf.EmbOptimType.SGD).optimizer == hipdlrm.OptimType.EXACT_SGD
+
+
+def test_performance_and_cache_hints_are_accepted():
+    # Options that only act on cached / UVM tables, or choose a kernel: no effect for resident tables.
+    tbe = _make(cache_algorithm=hf.CacheAlgorithm.LFU, cache_load_factor=0.5, cache_sets=4, cache_reserved_memory=1.0,
+                cache_precision=hf.SparseType.FP16, enforce_hbm=True, use_experimental_tbe=True, uvm_host_mapped=True,
+                momentum=0.5, eta=0.1, max_gradient=3.0, table_names=["a", "b"],
+                embedding_shard_info=[(10, 4, 0, 0)] * 2,
+                optimizer_state_dtypes={"momentum1": hf.SparseType.FP32})
+    assert tbe.table_names == ["a", "b"]
+
+
+# (argument, value, words the message must contain); every rejection names the argument and the value.
+REJECTED = [
+    ("optimizer", hf.EmbOptimType.LAMB, "EXACT_ROWWISE_ADAGRAD"),
+    ("optimizer", hf.EmbOptimType.EXACT_ADAGRAD, "EXACT_SGD"),
+    ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, "ADAM"),
+    ("optimizer", hf.EmbOptimType.LARS_SGD, "NONE"),
+    ("optimizer", hf.EmbOptimType.ROWWISE_ADAGRAD, "deprecated"),
+    ("weights_precision", hf.SparseType.INT8, "FP16"),
+    ("weights_precision", hf.SparseType.FP8, "BF16"),
+    ("output_dtype", hf.SparseType.INT8, "FP32"),
+    ("gradient_clipping", True, "False"),
+    ("max_norm", 1.0, "0.0"),
+    ("weight_decay_mode", hf.WeightDecayMode.COUNTER, "DECOUPLE"),
+    ("weight_decay_mode", hf.WeightDecayMode.COWCLIP, "L2"),
+    ("weight_decay_mode", hf.WeightDecayMode.DECOUPLE_GLOBAL, "NONE"),
+    ("counter_based_regularization", object(), "COUNTER"),
+    ("cowclip_regularization", object(), "COWCLIP"),
+    ("global_weight_decay", object(), "DECOUPLE_GLOBAL"),
+    ("ensemble_mode", object(), "ENSEMBLE"),
+    ("emainplace_mode", object(), "EMAINPLACE"),
+    ("gather_uvm_cache_stats", True, "cache"),
+    ("uvm_non_rowwise_momentum", True, "device memory"),
+    ("multipass_prefetch_config", object(), "cache"),
+    ("stats_reporter_config", object(), "reporting"),
+    ("optimizer_state_dtypes", {"momentum1": hf.SparseType.FP16}, "fp32"),
+    ("tbe_input_multiplexer_config", object(), "multiplexer"),
+    ("enable_raw_embedding_streaming", True, "False"),
+    ("is_qr_tbe", True, "QR"),
+    ("preallocated_host_buffers", {"weights": torch.zeros(1)}, "allocates"),
+]
+
+
+@pytest.mark.parametrize("name, value, words", REJECTED, ids=[f"{n}={v}" for n, v, _ in REJECTED])
+def test_unimplemented_arguments_are_rejected(name, value, words):
+    with pytest.raises(NotImplementedError) as info:
+        _make(**{name: value})
+    message = str(info.value)
+    assert name in message and words in message, message
+
+
+def test_rejected_extra_optimizer_config_and_cache_metrics():
+    class Extra:
+        use_rowwise_bias_correction = True
+        use_writeback_bwd_prehook = False
+
+    class Metrics:
+        record_cache_miss_counter = True
+        record_tablewise_cache_miss = False
+
+    with pytest.raises(NotImplementedError, match="use_rowwise_bias_correction"):
+        _make(optimizer=hf.EmbOptimType.ADAM, extra_optimizer_config=Extra())
+    with pytest.raises(NotImplementedError, match="record_cache_metrics"):
+        _make(record_cache_metrics=Metrics())
+    Metrics.record_cache_miss_counter = False
+    _make(record_cache_metrics=Metrics())
+
+
+@pytest.mark.parametrize("location", [hf.EmbeddingLocation.MANAGED, hf.EmbeddingLocation.MANAGED_CACHING])
+def test_uvm_and_cached_tables_are_rejected(location):
+    with pytest.raises(NotImplementedError, match=f"embedding_specs\\[1\\] location.*{location.name}"):
+        hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CUDA),
+                                                  (4, 4, location, hf.ComputeDevice.CUDA)])
+
+
+def test_bad_specs_and_arguments():
+    with pytest.raises(ValueError,
+                       match=r"embedding_specs\[0\] must be \(rows, dim, EmbeddingLocation, ComputeDevice\)"):
+        hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4)])
+    with pytest.raises(ValueError, match="same compute device"):
+        hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4) + CPU_SPEC,
+                                                  (4, 4, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CUDA)])
+    with pytest.raises(ValueError, match="does not go with ComputeDevice.CPU"):
+        hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CPU)])
+    with pytest.raises(NotImplementedError, match="compute device"):
+        hf.SplitTableBatchedEmbeddingBagsCodegen([(4, 4, hf.EmbeddingLocation.MTIA, hf.ComputeDevice.MTIA)])
+    with pytest.raises(ValueError, match="tables \\[1\\] have none"):
+        _make(feature_table_map=[0, 0])
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        _make(optimizer="adamw")
+    with pytest.raises(ValueError, match="embedding_table_index_type must be torch.int32 or torch.int64"):
+        _make(embedding_table_index_type=torch.int16)
+    with pytest.raises(ValueError, match="table_names must be 2 strings"):
+        _make(table_names=["a"])
+    with pytest.raises(ValueError, match="FBGEMM's EXACT_SGD applies no weight decay"):
+        _make(weight_decay=0.1, weight_decay_mode=hf.WeightDecayMode.L2)
+    with pytest.raises(ValueError, match="FBGEMM's ADAM applies weight_decay decoupled"):
+        _make(optimizer=hf.EmbOptimType.ADAM, weight_decay=0.1, weight_decay_mode=hf.WeightDecayMode.L2)
+    with pytest.raises(ValueError, match="prefetch_pipeline=True needs cache_algorithm=CacheAlgorithm.LRU"):
+        _make(prefetch_pipeline=True, cache_algorithm=hf.CacheAlgorithm.LFU)
+    with pytest.raises(ValueError, match="does not go with ComputeDevice.CPU"):
+        _make(device="meta")
+
+
+def test_weight_decay_as_fbgemm_applies_it():
+    # Adam: decoupled whatever the mode; row-wise Adagrad: the mode's; SGD and mode NONE: none.
+    adam = _make(optimizer=hf.EmbOptimType.ADAM, weight_decay=0.1)
+    assert adam.weight_decay_mode == hipdlrm.WeightDecayMode.DECOUPLED and adam.weight_decay == 0.1
+    adagrad = _make(optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, weight_decay=0.1)
+    assert adagrad.weight_decay_mode == hipdlrm.WeightDecayMode.NONE
+    sgd = _make(weight_decay=0.1)
+    assert sgd.weight_decay_mode == hipdlrm.WeightDecayMode.NONE
+
+
+# ---- forward arguments ------------------------------------------------------------------------------------
+
+
+def test_forward_rejects_vbe_and_streaming_inputs():
+    tbe = _make()
+    idx, off = torch.tensor([1, 2]), torch.tensor([0, 1, 2])
+    with pytest.raises(NotImplementedError, match="batch_size_per_feature_per_rank.*not supported by hipdlrm yet"):
+        tbe(idx, off, batch_size_per_feature_per_rank=[[1], [1]])
+    with pytest.raises(NotImplementedError, match="vbe_output"):
+        tbe(idx, off, vbe_output=torch.zeros(1, 12))
+    with pytest.raises(NotImplementedError, match="hash_zch_identities"):
+        tbe(idx, off, hash_zch_identities=torch.zeros(2, 1))
+
+
+def test_optimizer_none_needs_total_unique_indices():
+    tbe = _make(specs=((10, 4), (7, 4)), optimizer=hf.EmbOptimType.NONE)
+    with pytest.raises(ValueError, match="total_unique_indices"):
+        tbe(torch.tensor([1, 2]), torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="total_unique_indices"):
+        tbe(torch.tensor([1, 2]), torch.tensor([0, 1, 2]), total_unique_indices=3)
+
+
+def test_input_casts_as_fbgemm():
+    tbe = _make(embedding_table_index_type=torch.int32)
+    tbe.init_embedding_weights_uniform(-1, 1)
+    psw = torch.rand(3, dtype=torch.float16, requires_grad=True)
+    out = tbe(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3], dtype=torch.int32), psw)
+    ref = _make()
+    ref.load_state_dict(tbe.state_dict())
+    psw_ref = psw.detach().float().requires_grad_()
+    out_ref = ref(torch.tensor([1, 2, 3]), torch.tensor([0, 2, 3]), psw_ref)
+    torch.testing.assert_close(out, out_ref, rtol=0, atol=0)
+    out.sum().backward()
+    out_ref.sum().backward()
+    assert psw.grad.dtype == torch.float16
+    torch.testing.assert_close(psw.grad, psw_ref.grad.half())
+
+
+# ---- the independent reference --------------------------------------------------------------------------
+
+
+class Reference:
+    """FBGEMM's training math in plain PyTorch, fp64: pooled lookups per feature, the gradient of every table
+    row by autograd, then the exact optimizer step on the rows the batch looked up (FBGEMM's GPU formulas)."""
+
+    def __init__(self, tables, feature_table_map, pooling, optimizer, lr, eps=1e-8, weight_decay=0.0,
+                 weight_decay_mode=0, beta1=0.9, beta2=0.999, weights_dtype=torch.float32):
+        self.tables = [t.detach().double().clone() for t in tables]
+        self.ftm, self.pooling, self.opt = list(feature_table_map), int(pooling), optimizer
+        self.lr, self.eps, self.wd, self.mode = lr, eps, weight_decay, int(weight_decay_mode)
+        self.beta1, self.beta2, self.dtype, self.step = beta1, beta2, weights_dtype, 0
+        rowwise = optimizer == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
+        self.m1 = [torch.zeros(t.shape[0] if rowwise else t.shape, dtype=torch.float64) for t in self.tables]
+        self.m2 = [torch.zeros(t.shape, dtype=torch.float64) for t in self.tables]
+
+    def forward(self, tables, indices, offsets, psw):
+        T = len(self.ftm)
+        B = (offsets.numel() - 1) // T
+        cols = []
+        for f, t in enumerate(self.ftm):
+            bags = []
+            for b in range(B):
+                s, e = int(offsets[f * B + b]), int(offsets[f * B + b + 1])
+                rows = tables[t][indices[s:e]]
+                if psw is not None:
+                    rows = rows * psw[s:e, None]
+                pooled = rows.sum(0)
+                if self.pooling == 1 and e > s:
+                    pooled = pooled / (e - s)
+                bags.append(pooled)
+            cols.append(torch.stack(bags))
+        return torch.cat(cols, 1)
+
+    def train_step(self, indices, offsets, psw, grad_out):
+        tables = [t.clone().requires_grad_() for t in self.tables]
+        psw64 = None if psw is None else psw.detach().double().requires_grad_()
+        out = self.forward(tables, indices, offsets, psw64)
+        out.backward(grad_out.double())
+        self.step += 1
+        T, B = len(self.ftm), (offsets.numel() - 1) // len(self.ftm)
+        for t, table in enumerate(tables):
+            looked_up = torch.cat([indices[int(offsets[f * B]):int(offsets[(f + 1) * B])]
+                                   for f in range(T) if self.ftm[f] == t]).unique()
+            for r in looked_up.tolist():
+                self._update(t, r, table.grad[r])
+        return out.detach(), (None if psw is None else psw64.grad)
+
+    def _update(self, t, r, g):
+        w = self.tables[t][r]
+        if self.opt in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.SGD):
+            new = w - self.lr * g
+        elif self.opt == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+            if self.mode == 1:
+                g = g + self.wd * w
+            self.m1[t][r] += (g * g).mean()
+            new = w - self.lr * g / (self.m1[t][r].sqrt() + self.eps)
+            if self.mode == 2:
+                new = new - self.lr * self.wd * w
+        else:  # ADAM, FBGEMM's: weight decay always decoupled
+            self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
+            self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * g * g
+            m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
+            v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
+            new = w - self.lr * (m_hat / (v_hat.sqrt() + self.eps) + self.wd * w)
+        self.tables[t][r] = new.to(self.dtype).double()  # rounded to the weights' format, to nearest
+
+    def states(self):
+        if self.opt == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+            return [[m] for m in self.m1]
+        if self.opt == hf.EmbOptimType.ADAM:
+            return [[a, b] for a, b in zip(self.m1, self.m2)]
+        return []
+
+
+def _batch(gen, specs, ftm, B, max_len, weighted):
+    lengths = torch.randint(0, max_len + 1, (len(ftm) * B,), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    indices = torch.cat([torch.randint(0, specs[ftm[i // B]][0], (int(n),), generator=gen)
+                         for i, n in enumerate(lengths.tolist())])
+    psw = torch.rand(indices.numel(), generator=gen) if weighted else None
+    return indices, offsets, psw
+
+
+LAYOUTS = {
+    "mixed_dims": ([(13, 4), (9, 8), (11, 12)], [0, 1, 2]),
+    "shared_tables": ([(13, 4), (9, 8), (11, 4)], [0, 1, 2, 1, 0]),
+}
+
+
+def _tolerances(weights_dtype):
+    # fp16: one unit in the last place of a weight below 2 in magnitude (both sides round to nearest, from
+    # fp32 sums that may differ in their last bit).
+    return dict(rtol=1e-5, atol=1e-6) if weights_dtype == torch.float32 else dict(rtol=0, atol=2 ** -9)
+
+
+def _train_and_compare(make_oracle, specs, ftm, pooling, weighted, optimizer, weights_dtype, steps=4, **opt_kwargs):
+    """Trains hipdlrm's class and an oracle (FBGEMM's module, or Reference) on the same batches; compares
+    every step's output and per-sample-weight gradient, then the weights and optimizer states."""
+    gen = torch.Generator().manual_seed(1234)
+    tbe = hf.SplitTableBatchedEmbeddingBagsCodegen(
+        [(r, d) + CPU_SPEC for r, d in specs], feature_table_map=ftm, optimizer=optimizer,
+        weights_precision=hf.SparseType.from_dtype(weights_dtype), pooling_mode=pooling, stochastic_rounding=False,
+        **opt_kwargs)
+    for table in tbe.split_embedding_weights():
+        table.copy_(torch.rand(table.shape, generator=gen) * 2 - 1)
+    oracle = make_oracle(tbe)
+    tol = _tolerances(weights_dtype)
+    if optimizer == hf.EmbOptimType.ADAM and weights_dtype == torch.float32:
+        # m / (sqrt(v) + eps) amplifies fp32 rounding where the gradient is tiny: bound the error by a
+        # small fraction of the step size instead of the weight.
+        tol = dict(rtol=1e-5, atol=1e-5)
+    psw_tol = dict(rtol=1e-5, atol=1e-5) if weights_dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
+    for _ in range(steps):
+        indices, offsets, psw = _batch(gen, specs, ftm, B=3, max_len=4, weighted=weighted)
+        grad = torch.randn(3, sum(specs[t][1] for t in ftm), generator=gen)
+        psw_ours = None if psw is None else psw.clone().requires_grad_()
+        out = tbe(indices.clone(), offsets.clone(), psw_ours)
+        out.backward(grad)
+        out_oracle, psw_grad_oracle = oracle.train_step(indices, offsets, psw, grad)
+        torch.testing.assert_close(out.double(), out_oracle.double(), **tol)
+        if weighted:
+            torch.testing.assert_close(psw_ours.grad.double(), psw_grad_oracle.double(), **psw_tol)
+    for ours, theirs in zip(tbe.split_embedding_weights(), oracle.weights()):
+        torch.testing.assert_close(ours.double(), theirs.double(), **tol)
+    ours_states, oracle_states = tbe.split_optimizer_states(), oracle.states()
+    assert len(ours_states) == len(oracle_states)
+    for ours, theirs in zip(ours_states, oracle_states):
+        assert [s.shape for s in ours] == [s.shape for s in theirs]
+        for a, b in zip(ours, theirs):
+            torch.testing.assert_close(a.double(), b.double(), rtol=1e-4, atol=1e-6)
+    return tbe
+
+
+class ReferenceOracle:
+    def __init__(self, tbe, optimizer, pooling, weights_dtype, **kwargs):
+        self.ref = Reference(tbe.split_embedding_weights(), tbe.feature_table_map, pooling, optimizer,
+                             tbe.get_learning_rate(), weights_dtype=weights_dtype, **kwargs)
+
+    def train_step(self, indices, offsets, psw, grad):
+        return self.ref.train_step(indices, offsets, psw, grad)
+
+    def weights(self):
+        return self.ref.tables
+
+    def states(self):
+        return self.ref.states()
+
+
+class FbgemmOracle:
+    def __init__(self, tbe, specs, ftm, optimizer, pooling, weights_dtype, **kwargs):
+        t = FBGEMM
+        self.module = t.SplitTableBatchedEmbeddingBagsCodegen(
+            [(r, d, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU) for r, d in specs], feature_table_map=ftm,
+            optimizer=t.OptimType(optimizer.value),
+            weights_precision=t.SparseType(hf.SparseType.from_dtype(weights_dtype).value),
+            pooling_mode=t.PoolingMode(int(pooling)), stochastic_rounding=False, **kwargs)
+        for theirs, ours in zip(self.module.split_embedding_weights(), tbe.split_embedding_weights()):
+            theirs.copy_(ours)
+
+    def train_step(self, indices, offsets, psw, grad):
+        psw = None if psw is None else psw.clone().requires_grad_()
+        out = self.module(indices.clone(), offsets.clone(), psw)
+        out.backward(grad)
+        return out.detach(), None if psw is None else psw.grad
+
+    def weights(self):
+        return self.module.split_embedding_weights()
+
+    def states(self):
+        return self.module.split_optimizer_states()
+
+
+def _fbgemm_cpu_is_wrong(optimizer, layout, pooling, weighted, weight_decay_mode):
+    """The cases where fbgemm-gpu-cpu 1.8.0 is wrong (the test_fbgemm_cpu_* tests pin each)."""
+    return ((pooling == hf.PoolingMode.MEAN and weighted)
+            or (optimizer == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD and layout == "shared_tables")
+            or weight_decay_mode != hf.WeightDecayMode.NONE)
+
+
+ORACLE_CASES = [(o, dt, layout, p, w)
+                for o in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD)
+                for dt in (torch.float32, torch.float16)
+                for layout in LAYOUTS
+                for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN)
+                for w in (False, True)]
+
+
+@pytest.mark.parametrize("optimizer, weights_dtype, layout, pooling, weighted", ORACLE_CASES,
+                         ids=[f"{o.name}-{str(dt)[6:]}-{layout}-{p.name}-{'weighted' if w else 'unweighted'}"
+                              for o, dt, layout, p, w in ORACLE_CASES])
+def test_training_matches_fbgemm_cpu(optimizer, weights_dtype, layout, pooling, weighted):
+    specs, ftm = LAYOUTS[layout]
+    kwargs = dict(learning_rate=0.1, eps=1e-8)
+    if FBGEMM is None or _fbgemm_cpu_is_wrong(optimizer, layout, pooling, weighted, hf.WeightDecayMode.NONE):
+        # No oracle to ask, or a wrong one: the independent formula.
+        def make(tbe):
+            return ReferenceOracle(tbe, optimizer, pooling, weights_dtype, eps=1e-8)
+    else:
+        def make(tbe):
+            return FbgemmOracle(tbe, specs, ftm, optimizer, pooling, weights_dtype, **kwargs)
+    _train_and_compare(make, specs, ftm, pooling, weighted, optimizer, weights_dtype, **kwargs)
+
+
+@needs_fbgemm
+def test_unweighted_fp32_fbgemm_run_is_bit_close():
+    """The tight case: fp32 SUM, distinct tables; hipdlrm and FBGEMM's CPU module agree to fp32 rounding."""
+    specs, ftm = LAYOUTS["mixed_dims"]
+    kwargs = dict(learning_rate=0.05)
+    opt = hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    _train_and_compare(lambda tbe: FbgemmOracle(tbe, specs, ftm, opt, hf.PoolingMode.SUM, torch.float32, **kwargs),
+                       specs, ftm, hf.PoolingMode.SUM, False, opt, torch.float32, steps=8, **kwargs)
+
+
+WD_CASES = [(hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.L2),
+            (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.DECOUPLE),
+            (hf.EmbOptimType.ADAM, hf.WeightDecayMode.NONE),
+            (hf.EmbOptimType.ADAM, hf.WeightDecayMode.DECOUPLE)]
+
+
+@pytest.mark.parametrize("optimizer, mode", WD_CASES, ids=[f"{o.name}-{m.name}" for o, m in WD_CASES])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_weight_decay_matches_the_formula(optimizer, mode, layout):
+    specs, ftm = LAYOUTS[layout]
+    kwargs = dict(learning_rate=0.1, weight_decay=0.05, weight_decay_mode=mode)
+    # The reference's mode: FBGEMM's Adam always decouples.
+    reference_mode = 2 if optimizer == hf.EmbOptimType.ADAM else int(mode)
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, optimizer, hf.PoolingMode.SUM, torch.float32,
+                                                   weight_decay=0.05, weight_decay_mode=reference_mode),
+                       specs, ftm, hf.PoolingMode.SUM, True, optimizer, torch.float32, **kwargs)
+
+
+ADAM_CASES = [(dt, layout, p, w) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
+              for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN) for w in (False, True)]
+
+
+@pytest.mark.parametrize("weights_dtype, layout, pooling, weighted", ADAM_CASES,
+                         ids=[f"{str(dt)[6:]}-{layout}-{p.name}-{'weighted' if w else 'unweighted'}"
+                              for dt, layout, p, w in ADAM_CASES])
+def test_adam_matches_the_formula(weights_dtype, layout, pooling, weighted):
+    # FBGEMM's CPU module has no Adam (it asserts "not supported in CPU mode"): the formula is the reference.
+    specs, ftm = LAYOUTS[layout]
+    opt = hf.EmbOptimType.ADAM
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, beta1=0.8, beta2=0.95),
+                       specs, ftm, pooling, weighted, opt, weights_dtype, learning_rate=0.05, beta1=0.8, beta2=0.95)
+
+
+# ---- methods ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer, shapes, keys", [
+    (hf.EmbOptimType.EXACT_SGD, [], []),
+    (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, [[(10,)], [(7,)]], [["sum"], ["sum"]]),
+    (hf.EmbOptimType.ADAM, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2)])
+def test_optimizer_state_views(optimizer, shapes, keys):
+    tbe = _make(optimizer=optimizer)
+    states = tbe.split_optimizer_states()
+    assert [[tuple(s.shape) for s in table] for table in states] == shapes
+    assert [sorted(d) for d in tbe.get_optimizer_state()] == [sorted(k) for k in keys]
+    if states:  # views: writes reach the module's state
+        states[1][0].fill_(3.0)
+        assert float(tbe.split_optimizer_states()[1][0].min()) == 3.0
+        assert tbe.get_optimizer_state()[1][keys[1][0]] is not None
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD])
+def test_optimizer_state_views_match_fbgemm(optimizer):
+    ours = _make(optimizer=optimizer)
+    t = FBGEMM
+    theirs = t.SplitTableBatchedEmbeddingBagsCodegen(
+        [(10, 4, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU), (7, 8, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU)],
+        optimizer=t.OptimType(optimizer.value))
+    assert [[s.shape for s in x] for x in ours.split_optimizer_states()] == \
+        [[s.shape for s in x] for x in theirs.split_optimizer_states()]
+    assert [sorted(d) for d in ours.get_optimizer_state()] == [sorted(d) for d in theirs.get_optimizer_state()]
+    assert [w.shape for w in ours.split_embedding_weights()] == [w.shape for w in theirs.split_embedding_weights()]
+    assert ours.get_learning_rate() == theirs.get_learning_rate()
+    ours.set_learning_rate(0.3)
+    theirs.set_learning_rate(0.3)
+    assert ours.get_learning_rate() == theirs.get_learning_rate()
+
+
+def test_optimizer_none_has_no_state_and_gives_a_sparse_gradient():
+    tbe = _make(specs=((10, 4), (7, 4)), optimizer=hf.EmbOptimType.NONE)
+    tbe.init_embedding_weights_uniform(-1, 1)
+    for call in (tbe.split_optimizer_states, tbe.get_optimizer_state, lambda: tbe.set_learning_rate(0.1),
+                 lambda: tbe.set_optimizer_step(3), lambda: tbe.update_hyper_parameters({"lr": 0.1})):
+        with pytest.raises(NotImplementedError, match="not supported for none"):
+            call()
+    assert not hasattr(tbe, "iter")
+    indices, offsets = torch.tensor([1, 1, 3, 6]), torch.tensor([0, 2, 3, 4, 4])
+    grad = torch.randn(2, 8)
+    tbe(indices, offsets, total_unique_indices=3).backward(grad)
+    dense = tbe.weights.grad.to_dense()
+    expected = torch.zeros_like(dense)
+    tables = tbe.split_embedding_weights()
+    expected[tables[0].storage_offset() + 4:tables[0].storage_offset() + 8] = 2 * grad[0, :4]
+    expected[tables[0].storage_offset() + 12:tables[0].storage_offset() + 16] = grad[1, :4]
+    expected[tables[1].storage_offset() + 24:tables[1].storage_offset() + 28] = grad[0, 4:]
+    torch.testing.assert_close(dense, expected)
+
+
+def test_learning_rate_is_fp32_and_takes_effect():
+    tbe = _make(learning_rate=0.1)
+    assert tbe.get_learning_rate() == float(torch.tensor(0.1, dtype=torch.float32))
+    tbe.set_learning_rate(0.3)
+    assert tbe.get_learning_rate() == float(torch.tensor(0.3, dtype=torch.float32))
+    before = tbe.split_embedding_weights()[0][2].clone()
+    grad = torch.ones(1, 12)
+    tbe(torch.tensor([2]), torch.tensor([0, 1, 1])).backward(grad)
+    torch.testing.assert_close(tbe.split_embedding_weights()[0][2], before - tbe.get_learning_rate())
+
+
+def test_update_hyper_parameters():
+    tbe = _make(optimizer=hf.EmbOptimType.ADAM)
+    tbe.update_hyper_parameters({"lr": 0.2, "eps": 1e-3, "beta1": 0.5, "beta2": 0.6, "weight_decay": 0.01})
+    assert tbe.get_learning_rate() == float(torch.tensor(0.2, dtype=torch.float32))
+    assert (tbe.eps, tbe.beta1, tbe.beta2, tbe.weight_decay) == (1e-3, 0.5, 0.6, 0.01)
+    assert tbe.weight_decay_mode == hipdlrm.WeightDecayMode.DECOUPLED
+    with pytest.raises(NotImplementedError, match="'lower_bound' is not supported"):
+        tbe.update_hyper_parameters({"lower_bound": 0.1})
+
+
+def test_set_optimizer_step_sets_adams_bias_correction():
+    specs, ftm = [(6, 4)], [0]
+    gen = torch.Generator().manual_seed(7)
+    tbe = _make(specs=specs, optimizer=hf.EmbOptimType.ADAM, learning_rate=0.1)
+    tbe.split_embedding_weights()[0].copy_(torch.rand(6, 4, generator=gen))
+    ref = Reference(tbe.split_embedding_weights(), ftm, hf.PoolingMode.SUM, hf.EmbOptimType.ADAM,
+                    tbe.get_learning_rate())
+    tbe.set_optimizer_step(9)
+    ref.step = 9
+    assert int(tbe.iter[0]) == 9
+    indices, offsets = torch.tensor([0, 3, 3]), torch.tensor([0, 2, 3])
+    grad = torch.randn(2, 4, generator=gen)
+    tbe(indices, offsets).backward(grad)
+    ref.train_step(indices, offsets, None, grad)
+    assert int(tbe.iter[0]) == 10
+    torch.testing.assert_close(tbe.split_embedding_weights()[0].double(), ref.tables[0], rtol=1e-5, atol=1e-6)
+
+
+def test_feature_requires_grad_zeroes_the_features_per_sample_weight_gradient():
+    tbe = _make(specs=((10, 4), (7, 8)), feature_table_map=[0, 1, 0])
+    tbe.init_embedding_weights_uniform(-1, 1)
+    indices, offsets = torch.tensor([1, 2, 3, 4, 5, 6, 7]), torch.tensor([0, 2, 3, 3, 5, 6, 7])
+    psw = torch.rand(7, requires_grad=True)
+    psw_all = psw.detach().clone().requires_grad_()
+    plain = _make(specs=((10, 4), (7, 8)), feature_table_map=[0, 1, 0])
+    plain.load_state_dict(tbe.state_dict())
+    grad = torch.randn(2, 16)
+    tbe(indices, offsets, psw, feature_requires_grad=torch.tensor([1, 0, 1])).backward(grad)
+    plain(indices, offsets, psw_all).backward(grad)
+    expected = psw_all.grad.clone()
+    expected[3:5] = 0  # feature 1's positions: offsets[2] .. offsets[4]
+    torch.testing.assert_close(psw.grad, expected)
+
+
+def test_flush_and_prefetch_are_no_ops():
+    tbe = _make()
+    tbe.init_embedding_weights_uniform(-1, 1)
+    before = {k: v.clone() for k, v in tbe.state_dict().items()}
+    indices, offsets = torch.tensor([1, 20]), torch.tensor([0, 1, 2])
+    tbe.prefetch(indices, offsets)
+    tbe.flush()
+    assert indices.tolist() == [1, 20]  # not even bounds-checked: FBGEMM's prefetch feeds the cache
+    for k, v in tbe.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_init_embedding_weights_uniform():
+    tbe = _make()
+    tbe.init_embedding_weights_uniform(-0.5, 0.25)
+    for w in tbe.split_embedding_weights():
+        assert float(w.min()) >= -0.5 and float(w.max()) < 0.25 and float(w.std()) > 0
+
+
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                       hf.EmbOptimType.ADAM])
+def test_state_dict_resumes_training(optimizer):
+    gen = torch.Generator().manual_seed(3)
+    specs, ftm = LAYOUTS["shared_tables"]
+    total_D = sum(specs[t][1] for t in ftm)
+    batches = [_batch(gen, specs, ftm, 3, 4, True) + (torch.randn(3, total_D, generator=gen),) for _ in range(4)]
+
+    def fresh():
+        return hf.SplitTableBatchedEmbeddingBagsCodegen([(r, d) + CPU_SPEC for r, d in specs], feature_table_map=ftm,
+                                                        optimizer=optimizer, learning_rate=0.1)
+
+    def train(tbe, batches):
+        for indices, offsets, psw, grad in batches:
+            tbe(indices.clone(), offsets.clone(), psw).backward(grad)
+
+    whole = fresh()
+    whole.init_embedding_weights_uniform(-1, 1)
+    train(whole, batches[:2])
+    half = fresh()
+    half.load_state_dict(whole.state_dict())
+    train(whole, batches[2:])
+    train(half, batches[2:])
+    for k, v in whole.state_dict().items():
+        assert torch.equal(v, half.state_dict()[k]), k
+
+
+# ---- FBGEMM's CPU path where it is wrong (pins the differences docs/fbgemm.md lists) ----------------------
+
+
+def _fbgemm_cpu(specs, ftm=None, **kwargs):
+    t = FBGEMM
+    return t.SplitTableBatchedEmbeddingBagsCodegen(
+        [(r, d, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU) for r, d in specs], feature_table_map=ftm, **kwargs)
+
+
+@needs_fbgemm
+def test_fbgemm_cpu_mean_weighted_backward_misses_the_bag_length():
+    fb = _fbgemm_cpu([(5, 4)], optimizer=FBGEMM.OptimType.EXACT_SGD, learning_rate=1.0,
+                     pooling_mode=FBGEMM.PoolingMode.MEAN)
+    ours = _make(specs=[(5, 4)], learning_rate=1.0, pooling_mode=hf.PoolingMode.MEAN)
+    w0 = torch.randn(5, 4)
+    fb.split_embedding_weights()[0].copy_(w0)
+    ours.split_embedding_weights()[0].copy_(w0)
+    indices, offsets = torch.tensor([0, 1, 2, 3, 3]), torch.tensor([0, 2, 5])
+    psw = torch.tensor([1., 2., 3., 4., 5.])
+    grad = torch.randn(2, 4)
+    p_fb, p_ours = psw.clone().requires_grad_(), psw.clone().requires_grad_()
+    fb(indices, offsets, p_fb).backward(grad)
+    ours(indices, offsets, p_ours).backward(grad)
+    lengths = torch.tensor([2., 2., 3., 3., 3.])
+    torch.testing.assert_close(p_fb.grad / lengths, p_ours.grad)  # FBGEMM's is L times the true gradient
+    step_fb, step_ours = w0 - fb.split_embedding_weights()[0], w0 - ours.split_embedding_weights()[0]
+    torch.testing.assert_close(step_fb[:2] / 2, step_ours[:2])
+
+
+@needs_fbgemm
+def test_fbgemm_cpu_rowwise_adagrad_rejects_shared_tables():
+    fb = _fbgemm_cpu([(5, 4), (6, 4)], [0, 1, 0], optimizer=FBGEMM.OptimType.EXACT_ROWWISE_ADAGRAD)
+    out = fb(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2, 3]))
+    with pytest.raises(RuntimeError, match="num of rows processed by adagrad"):
+        out.sum().backward()
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("mode", ["L2", "DECOUPLE"])
+def test_fbgemm_cpu_rowwise_adagrad_ignores_weight_decay(mode):
+    results = []
+    for wd_mode, wd in ((FBGEMM.WeightDecayMode.NONE, 0.0), (FBGEMM.WeightDecayMode[mode], 0.5)):
+        fb = _fbgemm_cpu([(5, 4)], optimizer=FBGEMM.OptimType.EXACT_ROWWISE_ADAGRAD, weight_decay=wd,
+                         weight_decay_mode=wd_mode, learning_rate=0.5)
+        fb.split_embedding_weights()[0].copy_(torch.arange(20.).view(5, 4) / 10)
+        fb(torch.tensor([1, 2]), torch.tensor([0, 1, 2])).backward(torch.ones(2, 4))
+        results.append(fb.split_embedding_weights()[0].clone())
+    assert torch.equal(results[0], results[1])
+
+
+# ---- the kept training script -----------------------------------------------------------------------------
+
+
+FBGEMM_IMPORT = "fbgemm_gpu.split_table_batched_embeddings_ops_training"
+
+
+def _run_script(path, out, env_python_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (env_python_path, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.run([sys.executable, path, "--out", str(out)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return torch.load(out)
+
+
+def test_training_script_runs(tmp_path):
+    result = _run_script(SCRIPT, tmp_path / "hipdlrm.pt", REPO_PYTHON)
+    losses = result["losses"]
+    assert len(losses) > 0 and all(l == l for l in losses)
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 0.03  # it learns
+
+
+@needs_fbgemm
+def test_training_script_matches_fbgemm(tmp_path):
+    with open(SCRIPT) as f:
+        source = f.read()
+    lines = source.splitlines(keepends=True)
+    import_lines = [i for i, line in enumerate(lines) if line.startswith(("from hipdlrm", "import hipdlrm"))]
+    assert len(import_lines) == 1 and lines[import_lines[0]].startswith("from hipdlrm.fbgemm import ")
+    lines[import_lines[0]] = lines[import_lines[0]].replace("hipdlrm.fbgemm", FBGEMM_IMPORT)
+    fbgemm_script = tmp_path / "train_tbe_fbgemm.py"
+    fbgemm_script.write_text("".join(lines))
+    ours = _run_script(SCRIPT, tmp_path / "hipdlrm.pt", REPO_PYTHON)
+    theirs = _run_script(str(fbgemm_script), tmp_path / "fbgemm.pt", REPO_PYTHON)
+    torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(theirs["losses"]), rtol=1e-5, atol=1e-6)
+    assert ours["learning_rate"] == theirs["learning_rate"]
+    for a, b in zip(ours["tables"], theirs["tables"]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours["states"], theirs["states"]):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
