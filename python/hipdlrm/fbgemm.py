@@ -22,8 +22,8 @@ import torch
 
 from .bounds_check import BoundsCheckMode as _HipBoundsCheckMode
 from .tbe import PoolingMode, TableBatchedEmbedding
-from .tbe_training import OptimType as _HipOptimType
-from .tbe_training import WeightDecayMode as _HipWeightDecayMode
+from .tbe import OptimType as _HipOptimType
+from .tbe import WeightDecayMode as _HipWeightDecayMode
 
 __all__ = [
     "BoundsCheckMode",
@@ -638,4 +638,3 @@ def _optimizer_step_tensor(module: TableBatchedEmbedding) -> torch.Tensor:
 
 def _set_optimizer_step(module: TableBatchedEmbedding, step: int) -> None:
     module.optimizer_counters[0] = step
-    module._host_counters[0] = step

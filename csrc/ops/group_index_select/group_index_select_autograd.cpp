@@ -1,10 +1,9 @@
 // Autograd of the group_index_select ops, registered in C++ for every backend.
 //
-// The formulas were first registered from Python (torch.library.register_autograd). That put a Python
-// kernel on every call, inputs requiring grad or not: on an H200 host it cost 15-75 us per call of the
-// 32-member default group, on the critical path because the forward returns only after its index
-// validation has run on the GPU (docs/group_index_select.md, "Per-call cost"). Here the dispatcher goes
-// from the Autograd key straight to these functions.
+// Registered in C++ rather than from Python (torch.library.register_autograd), which would put a Python
+// kernel on every call, inputs requiring grad or not, on the host's critical path (docs/
+// group_index_select.md, "Per-call cost"). Here the dispatcher goes from the Autograd key straight to
+// these functions.
 //
 //   d input_group  of the forward  = scatter-add of the output gradients (the backward op; the indices
 //                                    were validated by the forward, so it does not validate them again)
@@ -125,8 +124,8 @@ struct ScatterFunction : public torch::autograd::Function<ScatterFunction> {
 };
 
 // Whether the call records a graph. When it does not (no input requires grad, or grad mode is off), the
-// op goes straight below autograd: a Function's node, saved state and output wrapping cost ~0.4 us per
-// tensor of the group on the host, on the critical path of every call.
+// op goes straight below autograd: a Function's node, saved state and output wrapping cost host time per
+// tensor of the group, on the critical path of every call.
 bool records_graph(at::TensorList differentiable) {
   if (!at::GradMode::is_enabled()) return false;
   for (const at::Tensor& t : differentiable)
