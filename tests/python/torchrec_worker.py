@@ -1,0 +1,224 @@
+"""Multi-process half of tests/python/test_torchrec.py: one process per rank (gloo, CPU).
+
+Every rank builds the same small DLRM-style model and the same global batches (seeded), shards the
+EmbeddingBagCollection with DistributedModelParallel for each sharding type, once on hipdlrm's kernels and
+once on FBGEMM's, loads the same initial tables into the shards, trains, and rank 0 writes what the test
+compares: every step's outputs and losses for the whole global batch, and the trained tables gathered from
+their shards.
+"""
+
+import os
+import sys
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+TABLES = [("t0", 40, 8), ("t1", 24, 16), ("t2", 32, 24), ("t3", 48, 8)]  # name, rows, dim
+DENSE_IN = 4
+LOCAL_BATCH = 3
+STEPS = 6
+EMB_LR = 0.05
+DENSE_LR = 0.1
+SHARDING_TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise"]
+
+
+def fused_params() -> Dict:
+    # FBGEMM's own enum: the sharders hand it to the TBE class exactly as a TorchRec script writes it.
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": EMB_LR, "eps": 1e-6}
+
+
+def make_data(world_size: int, seed: int = 7):
+    """STEPS global batches: per feature (one per table) ids and bag lengths (0..3), dense inputs, labels."""
+    g = torch.Generator().manual_seed(seed)
+    batch = world_size * LOCAL_BATCH
+    steps = []
+    for _ in range(STEPS):
+        lengths = {name: torch.randint(0, 4, (batch,), generator=g) for name, _, _ in TABLES}
+        ids = {name: torch.randint(0, rows, (int(lengths[name].sum()),), generator=g) for name, rows, _ in TABLES}
+        dense = torch.randn(batch, DENSE_IN, generator=g)
+        labels = torch.randint(0, 2, (batch,), generator=g).float()
+        steps.append((lengths, ids, dense, labels))
+    return steps
+
+
+def initial_state(seed: int = 11):
+    g = torch.Generator().manual_seed(seed)
+    tables = {name: torch.empty(rows, dim).uniform_(-0.5, 0.5, generator=g) for name, rows, dim in TABLES}
+    dense = make_dense()
+    for p in dense.parameters():
+        with torch.no_grad():
+            p.copy_(torch.empty_like(p).uniform_(-0.3, 0.3, generator=g))
+    return tables, dense.state_dict()
+
+
+def make_dense() -> nn.Module:
+    total = sum(dim for _, _, dim in TABLES)
+    return nn.Sequential(nn.Linear(DENSE_IN + total, 8), nn.ReLU(), nn.Linear(8, 1))
+
+
+def local_slice(step, rank: int):
+    """This rank's samples of a global batch, as a KeyedJaggedTensor plus dense inputs and labels."""
+    from torchrec import KeyedJaggedTensor
+    lengths, ids, dense, labels = step
+    lo, hi = rank * LOCAL_BATCH, (rank + 1) * LOCAL_BATCH
+    keys, values, lens = [], [], []
+    for name, _, _ in TABLES:
+        start = int(lengths[name][:lo].sum())
+        end = int(lengths[name][:hi].sum())
+        keys.append("f_" + name)
+        values.append(ids[name][start:end])
+        lens.append(lengths[name][lo:hi])
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=torch.cat(lens))
+    return kjt, dense[lo:hi], labels[lo:hi]
+
+
+class Model(nn.Module):
+    def __init__(self, ebc: nn.Module):
+        super().__init__()
+        self.ebc = ebc
+        self.dense = make_dense()
+
+    def forward(self, kjt, dense):
+        pooled = self.ebc(kjt).to_dict()
+        x = torch.cat([dense] + [pooled["f_" + name] for name, _, _ in TABLES], dim=1)
+        return self.dense(x).squeeze(1)
+
+
+def make_ebc():
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    return EmbeddingBagCollection(
+        tables=[EmbeddingBagConfig(name=name, embedding_dim=dim, num_embeddings=rows, feature_names=["f_" + name])
+                for name, rows, dim in TABLES],
+        device=torch.device("meta"))
+
+
+def plan_for(sharding_type: str, world_size: int, sharder):
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, row_wise,
+                                                    table_row_wise, table_wise)
+    from torchrec.distributed.types import ShardingPlan
+    fused = EmbeddingComputeKernel.FUSED.value
+    per_table = {}
+    for i, (name, _, _) in enumerate(TABLES):
+        if sharding_type == "table_wise":
+            per_table[name] = table_wise(rank=i % world_size, compute_kernel=fused)
+        elif sharding_type == "row_wise":
+            per_table[name] = row_wise(compute_kernel=fused)
+        elif sharding_type == "column_wise":
+            per_table[name] = column_wise(ranks=[i % world_size, (i + 1) % world_size], compute_kernel=fused)
+        elif sharding_type == "table_row_wise":
+            per_table[name] = table_row_wise(host_index=0)
+        else:
+            raise ValueError(sharding_type)
+    module_plan = construct_module_sharding_plan(make_ebc(), per_table, sharder=sharder, local_size=world_size,
+                                                 world_size=world_size, device_type="cpu")
+    return ShardingPlan({"ebc": module_plan})
+
+
+def _local_shards(value):
+    """(row offset, column offset, tensor) of every local shard of a sharded table's state-dict entry."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+    from torch.distributed.tensor import DTensor
+    if isinstance(value, ShardedTensor):
+        return [(s.metadata.shard_offsets[0], s.metadata.shard_offsets[1], s.tensor) for s in value.local_shards()]
+    if isinstance(value, DTensor):
+        local = value.to_local()
+        return [(off[0], off[1], t) for off, t in zip(local.local_offsets(), local.local_shards())]
+    raise TypeError(f"unexpected sharded table type {type(value)}")
+
+
+def kernel_modules(model):
+    """The embedding kernels of every sharded module (TorchRec keeps its lookups outside the module tree)."""
+    for m in model.modules():
+        for lookup in getattr(m, "_lookups", []):
+            lookup = getattr(lookup, "module", lookup)
+            yield from getattr(lookup, "_emb_modules", [])
+
+
+def table_entries(model) -> Dict[str, object]:
+    state = model.state_dict()
+    out = {}
+    for name, _, _ in TABLES:
+        keys = [k for k in state if k.endswith(f"embedding_bags.{name}.weight")]
+        assert len(keys) == 1, (name, list(state))
+        out[name] = state[keys[0]]
+    return out
+
+
+def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, data, init_tables, init_dense):
+    import hipdlrm.torchrec
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    sharder_cls = hipdlrm.torchrec.EmbeddingBagCollectionSharder if kernel == "hipdlrm" else \
+        EmbeddingBagCollectionSharder
+    sharder = sharder_cls(fused_params=fused_params())
+    model = Model(make_ebc())
+    model.dense.load_state_dict(init_dense)
+    dmp = DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                   plan=plan_for(sharding_type, world_size, sharder), sharders=[sharder],
+                                   device=torch.device("cpu"))
+    kernels = {type(k).__name__ for k in kernel_modules(dmp)}
+    modules = {type(k.emb_module).__module__ + "." + type(k.emb_module).__name__ for k in kernel_modules(dmp)}
+    with torch.no_grad():
+        for name, value in table_entries(dmp).items():
+            for r0, c0, t in _local_shards(value):
+                t.copy_(init_tables[name][r0:r0 + t.shape[0], c0:c0 + t.shape[1]])
+    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                      lambda params: torch.optim.SGD(params, lr=DENSE_LR))
+    outputs, losses = [], []
+    for step in data:
+        kjt, dense, labels = local_slice(step, rank)
+        dense_opt.zero_grad()
+        out = dmp(kjt, dense)
+        loss = nn.functional.binary_cross_entropy_with_logits(out, labels)
+        loss.backward()
+        dense_opt.step()
+        outputs.append(out.detach())
+        losses.append(loss.detach())
+    gathered_out: List = [None] * world_size
+    dist.all_gather_object(gathered_out, (outputs, losses))
+    shards = {name: [(r0, c0, t.detach().clone()) for r0, c0, t in _local_shards(value)]
+              for name, value in table_entries(dmp).items()}
+    gathered_shards: List = [None] * world_size
+    dist.all_gather_object(gathered_shards, shards)
+    tables = {}
+    for name, rows, dim in TABLES:
+        full = torch.full((rows, dim), float("nan"))
+        for per_rank in gathered_shards:
+            for r0, c0, t in per_rank[name]:
+                full[r0:r0 + t.shape[0], c0:c0 + t.shape[1]] = t
+        tables[name] = full
+    out_steps = [torch.cat([gathered_out[r][0][s] for r in range(world_size)]) for s in range(STEPS)]
+    loss_steps = [torch.stack([gathered_out[r][1][s] for r in range(world_size)]).mean() for s in range(STEPS)]
+    return {"outputs": out_steps, "losses": loss_steps, "tables": tables, "kernels": sorted(kernels),
+            "emb_modules": sorted(modules)}
+
+
+def main(rank: int, world_size: int, port: int, out_path: str, sharding_types: List[str]) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world_size),
+                      WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        data = make_data(world_size)
+        init_tables, init_dense = initial_state()
+        results = {}
+        for sharding_type in sharding_types:
+            for kernel in ("hipdlrm", "fbgemm"):
+                results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
+                                                               init_tables, init_dense)
+        if rank == 0:
+            torch.save(results, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit("run through tests/python/test_torchrec.py")
