@@ -191,5 +191,10 @@ class EmbeddingBagCollectionSharder(_embeddingbag.EmbeddingBagCollectionSharder)
         return [k for k in kernels if k == EmbeddingComputeKernel.FUSED.value]
 
     def shard(self, module, params, env, device=None, module_fqn=None):
+        for name, sharding in params.items():
+            if sharding.compute_kernel != EmbeddingComputeKernel.FUSED.value:
+                raise NotImplementedError(f"hipdlrm computes the FUSED kernel only; the plan gives table {name!r} "
+                                          f"compute kernel {sharding.compute_kernel!r} (set the plan's "
+                                          f"compute_kernel to 'fused')")
         with enable():
             return super().shard(module, params, env, device, module_fqn)

@@ -115,6 +115,10 @@ def plan_for(sharding_type: str, world_size: int, sharder):
             raise ValueError(sharding_type)
     module_plan = construct_module_sharding_plan(make_ebc(), per_table, sharder=sharder, local_size=world_size,
                                                  world_size=world_size, device_type="cpu")
+    for sharding in module_plan.values():
+        # table_row_wise() takes no compute kernel and picks DENSE unless the tables carry an optimizer
+        # applied in backward; the fused_params carry it here.
+        sharding.compute_kernel = fused
     return ShardingPlan({"ebc": module_plan})
 
 
