@@ -146,7 +146,22 @@ class HipdlrmFusedEmbeddingBag(BatchedFusedEmbeddingBag):
         if vbe_output is not None or vbe_output_offsets is not None:
             raise NotImplementedError("vbe_output / vbe_output_offsets (VBE) are not supported by hipdlrm's TBE "
                                       "yet; pass None")
-        return super().forward(features)
+        try:
+            return super().forward(features)
+        except RuntimeError as exc:
+            if "bounds_check_indices" not in str(exc):
+                raise
+            # hipdlrm's report counts tables within this kernel; name them as the script does.
+            raise RuntimeError(f"{exc} [TorchRec tables of this kernel on rank {dist.get_rank(self._pg)}: "
+                               f"{self._table_names_for_report()}]") from exc
+
+    def _table_names_for_report(self) -> str:
+        parts = []
+        for t, table in enumerate(self._config.embedding_tables):
+            r0, c0 = self._row_offset[t], self._col_offset[t]
+            parts.append(f"table {t} = {table.name!r} rows [{r0}, {r0 + self._local_rows[t]}) columns "
+                         f"[{c0}, {c0 + self._local_cols[t]}) of {table.num_embeddings} x {table.embedding_dim}")
+        return "; ".join(parts)
 
 
 @contextlib.contextmanager

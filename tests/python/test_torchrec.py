@@ -173,3 +173,25 @@ def test_hipdlrm_imports_without_torchrec():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+@pytest.mark.parametrize("sharding_type", ["table_wise", "row_wise"])
+def test_bad_id_warning_repairs_on_the_owning_rank(sharding_type, tmp_path):
+    out = str(tmp_path / "bad.pt")
+    mp.spawn(worker.bad_input_main, args=(2, _free_port(), out, "WARNING", sharding_type), nprocs=2, join=True)
+    gathered = torch.load(out)
+    for rank, (bad, repaired, _) in enumerate(gathered):
+        torch.testing.assert_close(bad, repaired, rtol=0, atol=0, msg=f"rank {rank}")
+    # The bad id reached the rank holding its rows and was counted there, once.
+    assert sum(w for _, _, w in gathered) == 1
+
+
+def test_bad_id_fatal_raises_on_the_owning_rank_and_ends_the_job(tmp_path):
+    out = str(tmp_path / "bad.pt")
+    with pytest.raises(mp.ProcessRaisedException) as info:
+        mp.spawn(worker.bad_input_main, args=(2, _free_port(), out, "FATAL", "table_wise"), nprocs=2, join=True)
+    message = str(info.value)
+    assert "bounds_check_indices (FATAL)" in message
+    assert f"not in [0, {dict((n, r) for n, r, _ in worker.TABLES)[worker.BAD_TABLE]})" in message
+    assert f"table 0 = '{worker.BAD_TABLE}'" in message and "on rank 0" in message
+    assert not os.path.exists(out)

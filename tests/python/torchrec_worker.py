@@ -205,11 +205,73 @@ def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, dat
             "emb_modules": sorted(modules)}
 
 
-def main(rank: int, world_size: int, port: int, out_path: str, sharding_types: List[str]) -> None:
+BAD_TABLE = "t0"  # table-wise, it lives on rank 0; the bad id comes from rank 1's batch
+
+
+def bad_input_main(rank: int, world_size: int, port: int, out_path: str, mode: str,
+                   sharding_type: str) -> None:
+    """Rank 1's batch holds an id of BAD_TABLE beyond its rows. WARNING: rank 0 writes the outputs of that
+    batch and of the same batch with the id replaced by the row the check repairs it to, and the kernels'
+    warning counters. FATAL: the owning rank raises (the caller expects the spawn to fail)."""
+    import hipdlrm.torchrec
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+    from torchrec import KeyedJaggedTensor
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    _init(rank, world_size, port)
+    try:
+        params = dict(fused_params(), bounds_check_mode=getattr(BoundsCheckMode, mode))
+        sharder = hipdlrm.torchrec.EmbeddingBagCollectionSharder(fused_params=params)
+        dmp = DistributedModelParallel(module=Model(make_ebc()), env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                       plan=plan_for(sharding_type, world_size, sharder), sharders=[sharder],
+                                       device=torch.device("cpu"))
+        step = make_data(world_size)[0]
+        kjt, dense, _ = local_slice(step, rank)
+        rows = dict((name, r) for name, r, _ in TABLES)[BAD_TABLE]
+
+        def with_first_id(value: int):
+            feats = kjt.to_dict()
+            values, lengths = [], []
+            for name, _, _ in TABLES:
+                jt = feats["f_" + name]
+                v = jt.values().clone()
+                if name == BAD_TABLE and rank == 1:
+                    v = torch.cat([torch.tensor([value]), v])
+                    lens = jt.lengths().clone()
+                    lens[0] += 1
+                else:
+                    lens = jt.lengths()
+                values.append(v)
+                lengths.append(lens)
+            return KeyedJaggedTensor.from_lengths_sync(keys=kjt.keys(), values=torch.cat(values),
+                                                       lengths=torch.cat(lengths))
+
+        with torch.no_grad():
+            bad = dmp(with_first_id(rows + 5), dense)
+            # The check sets a bad id to row 0 of the shard it reaches. Row-wise, FBGEMM's bucketization
+            # sends an id beyond the table (id >= block * world) to shard id % world.
+            shard_row0 = 0 if sharding_type == "table_wise" else \
+                ((rows + 5) % world_size) * ((rows + world_size - 1) // world_size)
+            repaired = dmp(with_first_id(shard_row0), dense)
+        warnings = sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp))
+        gathered: List = [None] * world_size
+        dist.all_gather_object(gathered, (bad, repaired, warnings))
+        if rank == 0:
+            torch.save(gathered, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def _init(rank: int, world_size: int, port: int) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world_size),
                       WORLD_SIZE=str(world_size), RANK=str(rank), LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+
+
+def main(rank: int, world_size: int, port: int, out_path: str, sharding_types: List[str]) -> None:
+    _init(rank, world_size, port)
     try:
         data = make_data(world_size)
         init_tables, init_dense = initial_state()
