@@ -249,12 +249,14 @@ def bad_input_main(rank: int, world_size: int, port: int, out_path: str, mode: s
 
         with torch.no_grad():
             bad = dmp(with_first_id(rows + 5), dense)
+            # hipdlrm's counter holds the last forward's count.
+            warnings = sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp))
             # The check sets a bad id to row 0 of the shard it reaches. Row-wise, FBGEMM's bucketization
             # sends an id beyond the table (id >= block * world) to shard id % world.
             shard_row0 = 0 if sharding_type == "table_wise" else \
                 ((rows + 5) % world_size) * ((rows + world_size - 1) // world_size)
             repaired = dmp(with_first_id(shard_row0), dense)
-        warnings = sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp))
+        warnings = (warnings, sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp)))
         gathered: List = [None] * world_size
         dist.all_gather_object(gathered, (bad, repaired, warnings))
         if rank == 0:
