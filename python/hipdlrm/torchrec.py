@@ -138,6 +138,10 @@ class HipdlrmFusedEmbeddingBag(BatchedFusedEmbeddingBag):
         # The base class's constructor assigns an empty dict; the property computes the real one.
         pass
 
+    def purge(self) -> None:
+        # TorchRec resets FBGEMM's cache before loading a state dict; hipdlrm's tables have no cache.
+        pass
+
     def forward(self, features: KeyedJaggedTensor, vbe_output: Optional[torch.Tensor] = None,
                 vbe_output_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
         if features.variable_stride_per_key():

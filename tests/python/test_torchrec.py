@@ -196,3 +196,21 @@ def test_bad_id_fatal_raises_on_the_owning_rank_and_ends_the_job(tmp_path):
     assert f"not in [0, {dict((n, r) for n, r, _ in worker.TABLES)[worker.BAD_TABLE]})" in message
     assert f"table 0 = '{worker.BAD_TABLE}'" in message and "on rank 0" in message
     assert not os.path.exists(out)
+
+
+def test_checkpoint_resume_through_train_pipeline_sparse_dist(tmp_path, tmp_path_factory):
+    """A DMP checkpoint (torch.distributed.checkpoint) taken half-way, loaded into a fresh DMP and trained
+    on through TrainPipelineSparseDist, ends where the uninterrupted plain loop ends."""
+    _, results = sharded_runs(2, tmp_path_factory)
+    uninterrupted = results[("row_wise", "hipdlrm")]
+    out = str(tmp_path / "resume.pt")
+    mp.spawn(worker.resume_main, args=(2, _free_port(), out, str(tmp_path / "ckpt"), "row_wise"), nprocs=2,
+             join=True)
+    resumed = torch.load(out)
+    half = worker.STEPS // 2
+    assert resumed["pipelined"] == ["ShardedEmbeddingBagCollection"]
+    assert len(resumed["outputs"]) == worker.STEPS - half
+    for s, out_s in enumerate(resumed["outputs"]):
+        torch.testing.assert_close(out_s, uninterrupted["outputs"][half + s], rtol=0, atol=ATOL)
+    for name, _, _ in worker.TABLES:
+        torch.testing.assert_close(resumed["tables"][name], uninterrupted["tables"][name], rtol=0, atol=ATOL)

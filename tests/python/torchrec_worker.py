@@ -153,29 +153,11 @@ def table_entries(model) -> Dict[str, object]:
 
 
 def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, data, init_tables, init_dense):
-    import hipdlrm.torchrec
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    sharder_cls = hipdlrm.torchrec.EmbeddingBagCollectionSharder if kernel == "hipdlrm" else \
-        EmbeddingBagCollectionSharder
-    sharder = sharder_cls(fused_params=fused_params())
-    model = Model(make_ebc())
-    model.dense.load_state_dict(init_dense)
-    dmp = DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                   plan=plan_for(sharding_type, world_size, sharder), sharders=[sharder],
-                                   device=torch.device("cpu"))
+    dmp = build_dmp(kernel, sharding_type, world_size, init_dense)
     kernels = {type(k).__name__ for k in kernel_modules(dmp)}
     modules = {type(k.emb_module).__module__ + "." + type(k.emb_module).__name__ for k in kernel_modules(dmp)}
-    with torch.no_grad():
-        for name, value in table_entries(dmp).items():
-            for r0, c0, t in _local_shards(value):
-                t.copy_(init_tables[name][r0:r0 + t.shape[0], c0:c0 + t.shape[1]])
-    dense_opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
-                                      lambda params: torch.optim.SGD(params, lr=DENSE_LR))
+    load_tables(dmp, init_tables)
+    dense_opt = dense_optimizer(dmp)
     outputs, losses = [], []
     for step in data:
         kjt, dense, labels = local_slice(step, rank)
@@ -188,21 +170,124 @@ def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, dat
         losses.append(loss.detach())
     gathered_out: List = [None] * world_size
     dist.all_gather_object(gathered_out, (outputs, losses))
-    shards = {name: [(r0, c0, t.detach().clone()) for r0, c0, t in _local_shards(value)]
-              for name, value in table_entries(dmp).items()}
-    gathered_shards: List = [None] * world_size
-    dist.all_gather_object(gathered_shards, shards)
-    tables = {}
-    for name, rows, dim in TABLES:
-        full = torch.full((rows, dim), float("nan"))
-        for per_rank in gathered_shards:
-            for r0, c0, t in per_rank[name]:
-                full[r0:r0 + t.shape[0], c0:c0 + t.shape[1]] = t
-        tables[name] = full
+    tables = gather_tables(dmp, world_size)
     out_steps = [torch.cat([gathered_out[r][0][s] for r in range(world_size)]) for s in range(STEPS)]
     loss_steps = [torch.stack([gathered_out[r][1][s] for r in range(world_size)]).mean() for s in range(STEPS)]
     return {"outputs": out_steps, "losses": loss_steps, "tables": tables, "kernels": sorted(kernels),
             "emb_modules": sorted(modules)}
+
+
+def load_tables(dmp, init_tables) -> None:
+    with torch.no_grad():
+        for name, value in table_entries(dmp).items():
+            for r0, c0, t in _local_shards(value):
+                t.copy_(init_tables[name][r0:r0 + t.shape[0], c0:c0 + t.shape[1]])
+
+
+def build_dmp(kernel: str, sharding_type: str, world_size: int, init_dense, params=None):
+    import hipdlrm.torchrec
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+    sharder_cls = hipdlrm.torchrec.EmbeddingBagCollectionSharder if kernel == "hipdlrm" else \
+        EmbeddingBagCollectionSharder
+    sharder = sharder_cls(fused_params=params or fused_params())
+    model = Model(make_ebc())
+    model.dense.load_state_dict(init_dense)
+    return DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                    plan=plan_for(sharding_type, world_size, sharder), sharders=[sharder],
+                                    device=torch.device("cpu"))
+
+
+def dense_optimizer(dmp):
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+    return KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
+                                 lambda params: torch.optim.SGD(params, lr=DENSE_LR))
+
+
+def gather_tables(dmp, world_size: int):
+    shards = {name: [(r0, c0, t.detach().clone()) for r0, c0, t in _local_shards(value)]
+              for name, value in table_entries(dmp).items()}
+    gathered: List = [None] * world_size
+    dist.all_gather_object(gathered, shards)
+    tables = {}
+    for name, rows, dim in TABLES:
+        full = torch.full((rows, dim), float("nan"))
+        for per_rank in gathered:
+            for r0, c0, t in per_rank[name]:
+                full[r0:r0 + t.shape[0], c0:c0 + t.shape[1]] = t
+        tables[name] = full
+    return tables
+
+
+class _LossModel(nn.Module):
+    """TrainPipelineSparseDist's contract: forward(batch) -> (loss, output)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch):
+        out = self.model(batch.sparse_features, batch.dense_features)
+        loss = nn.functional.binary_cross_entropy_with_logits(out, batch.labels)
+        return loss, out.detach()
+
+
+def resume_main(rank: int, world_size: int, port: int, out_path: str, ckpt_dir: str, sharding_type: str) -> None:
+    """Steps 0..STEPS/2-1 in a plain loop on hipdlrm's kernels, a torch.distributed.checkpoint of the model
+    and its fused optimizer, a fresh DMP (other random tables) loaded from it, and the remaining steps through
+    TrainPipelineSparseDist. Rank 0 writes the resumed steps' outputs and the final tables."""
+    import torch.distributed.checkpoint as dcp
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    _init(rank, world_size, port)
+    try:
+        data = make_data(world_size)
+        init_tables, init_dense = initial_state()
+        half = STEPS // 2
+        first = build_dmp("hipdlrm", sharding_type, world_size, init_dense)
+        load_tables(first, init_tables)
+        opt = dense_optimizer(first)
+        for step in data[:half]:
+            kjt, dense, labels = local_slice(step, rank)
+            opt.zero_grad()
+            nn.functional.binary_cross_entropy_with_logits(first(kjt, dense), labels).backward()
+            opt.step()
+        dcp.save({"model": first.state_dict(), "optim": first.fused_optimizer.state_dict()}, checkpoint_id=ckpt_dir)
+
+        torch.manual_seed(1234 + rank)
+        resumed = build_dmp("hipdlrm", sharding_type, world_size, init_dense)
+        state = {"model": resumed.state_dict(), "optim": resumed.fused_optimizer.state_dict()}
+        dcp.load(state, checkpoint_id=ckpt_dir)
+        resumed.load_state_dict(state["model"])
+        resumed.fused_optimizer.load_state_dict(state["optim"])
+
+        pipeline_model = _LossModel(resumed)
+        pipeline = TrainPipelineSparseDist(pipeline_model, dense_optimizer(resumed), torch.device("cpu"))
+        batches = []
+        for step in data[half:]:
+            kjt, dense, labels = local_slice(step, rank)
+            batches.append(Batch(dense_features=dense, sparse_features=kjt, labels=labels))
+        it = iter(batches)
+        outputs = []
+        while True:
+            try:
+                outputs.append(pipeline.progress(it))
+            except StopIteration:
+                break
+        gathered: List = [None] * world_size
+        dist.all_gather_object(gathered, outputs)
+        tables = gather_tables(resumed, world_size)
+        if rank == 0:
+            out_steps = [torch.cat([gathered[r][s] for r in range(world_size)]) for s in range(len(outputs))]
+            # The pipeline moved the sharded EBC's input distribution ahead (it falls back to a plain
+            # loop where it cannot trace the model).
+            pipelined = [type(m).__name__ for m in pipeline._pipelined_modules]
+            torch.save({"outputs": out_steps, "tables": tables, "pipelined": pipelined}, out_path)
+    finally:
+        dist.destroy_process_group()
 
 
 BAD_TABLE = "t0"  # table-wise, it lives on rank 0; the bad id comes from rank 1's batch
@@ -213,19 +298,13 @@ def bad_input_main(rank: int, world_size: int, port: int, out_path: str, mode: s
     """Rank 1's batch holds an id of BAD_TABLE beyond its rows. WARNING: rank 0 writes the outputs of that
     batch and of the same batch with the id replaced by the row the check repairs it to, and the kernels'
     warning counters. FATAL: the owning rank raises (the caller expects the spawn to fail)."""
-    import hipdlrm.torchrec
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
     from torchrec import KeyedJaggedTensor
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
 
     _init(rank, world_size, port)
     try:
         params = dict(fused_params(), bounds_check_mode=getattr(BoundsCheckMode, mode))
-        sharder = hipdlrm.torchrec.EmbeddingBagCollectionSharder(fused_params=params)
-        dmp = DistributedModelParallel(module=Model(make_ebc()), env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                       plan=plan_for(sharding_type, world_size, sharder), sharders=[sharder],
-                                       device=torch.device("cpu"))
+        dmp = build_dmp("hipdlrm", sharding_type, world_size, make_dense().state_dict(), params)
         step = make_data(world_size)[0]
         kjt, dense, _ = local_slice(step, rank)
         rows = dict((name, r) for name, r, _ in TABLES)[BAD_TABLE]
