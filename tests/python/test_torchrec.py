@@ -214,3 +214,21 @@ def test_checkpoint_resume_through_train_pipeline_sparse_dist(tmp_path, tmp_path
         torch.testing.assert_close(out_s, uninterrupted["outputs"][half + s], rtol=0, atol=ATOL)
     for name, _, _ in worker.TABLES:
         torch.testing.assert_close(resumed["tables"][name], uninterrupted["tables"][name], rtol=0, atol=ATOL)
+
+
+def test_sharder_rejects_plans_with_other_compute_kernels():
+    from torchrec.distributed.types import ParameterSharding
+    sharder = hipdlrm.torchrec.EmbeddingBagCollectionSharder()
+    params = {"t0": ParameterSharding(sharding_type="table_wise", compute_kernel="dense", ranks=[0])}
+    with pytest.raises(NotImplementedError, match=r"table 't0' compute kernel 'dense'"):
+        sharder.shard(None, params, None)
+
+
+def test_kernel_rejects_features_with_their_own_batch_size():
+    from torchrec import KeyedJaggedTensor
+    vbe = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), lengths=torch.tensor([1, 1, 1, 1, 1]),
+                            stride_per_key_per_rank=[[2], [3]])
+    assert vbe.variable_stride_per_key()
+    # The check comes before the kernel touches its tables, so no process group or tables are needed.
+    with pytest.raises(NotImplementedError, match="VBE"):
+        hipdlrm.torchrec.HipdlrmFusedEmbeddingBag.forward(None, vbe)

@@ -95,7 +95,7 @@ def make_ebc():
         device=torch.device("meta"))
 
 
-def plan_for(sharding_type: str, world_size: int, sharder):
+def plan_for(sharding_type: str, world_size: int, sharder, path: str = "ebc"):
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, row_wise,
                                                     table_row_wise, table_wise)
@@ -119,7 +119,7 @@ def plan_for(sharding_type: str, world_size: int, sharder):
         # table_row_wise() takes no compute kernel and picks DENSE unless the tables carry an optimizer
         # applied in backward; the fused_params carry it here.
         sharding.compute_kernel = fused
-    return ShardingPlan({"ebc": module_plan})
+    return ShardingPlan({path: module_plan})
 
 
 def _local_shards(value):
@@ -184,7 +184,7 @@ def load_tables(dmp, init_tables) -> None:
                 t.copy_(init_tables[name][r0:r0 + t.shape[0], c0:c0 + t.shape[1]])
 
 
-def build_dmp(kernel: str, sharding_type: str, world_size: int, init_dense, params=None):
+def build_dmp(kernel: str, sharding_type: str, world_size: int, init_dense, params=None, with_loss: bool = False):
     import hipdlrm.torchrec
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -194,9 +194,11 @@ def build_dmp(kernel: str, sharding_type: str, world_size: int, init_dense, para
     sharder = sharder_cls(fused_params=params or fused_params())
     model = Model(make_ebc())
     model.dense.load_state_dict(init_dense)
-    return DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                    plan=plan_for(sharding_type, world_size, sharder), sharders=[sharder],
-                                    device=torch.device("cpu"))
+    # TrainPipelineSparseDist traces the module DMP wraps, so the loss must be inside it.
+    module = _LossModel(model) if with_loss else model
+    plan = plan_for(sharding_type, world_size, sharder, "model.ebc" if with_loss else "ebc")
+    return DistributedModelParallel(module=module, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                    plan=plan, sharders=[sharder], device=torch.device("cpu"))
 
 
 def dense_optimizer(dmp):
@@ -247,25 +249,24 @@ def resume_main(rank: int, world_size: int, port: int, out_path: str, ckpt_dir: 
         data = make_data(world_size)
         init_tables, init_dense = initial_state()
         half = STEPS // 2
-        first = build_dmp("hipdlrm", sharding_type, world_size, init_dense)
+        first = build_dmp("hipdlrm", sharding_type, world_size, init_dense, with_loss=True)
         load_tables(first, init_tables)
         opt = dense_optimizer(first)
         for step in data[:half]:
             kjt, dense, labels = local_slice(step, rank)
             opt.zero_grad()
-            nn.functional.binary_cross_entropy_with_logits(first(kjt, dense), labels).backward()
+            first(Batch(dense_features=dense, sparse_features=kjt, labels=labels))[0].backward()
             opt.step()
         dcp.save({"model": first.state_dict(), "optim": first.fused_optimizer.state_dict()}, checkpoint_id=ckpt_dir)
 
         torch.manual_seed(1234 + rank)
-        resumed = build_dmp("hipdlrm", sharding_type, world_size, init_dense)
+        resumed = build_dmp("hipdlrm", sharding_type, world_size, init_dense, with_loss=True)
         state = {"model": resumed.state_dict(), "optim": resumed.fused_optimizer.state_dict()}
         dcp.load(state, checkpoint_id=ckpt_dir)
         resumed.load_state_dict(state["model"])
         resumed.fused_optimizer.load_state_dict(state["optim"])
 
-        pipeline_model = _LossModel(resumed)
-        pipeline = TrainPipelineSparseDist(pipeline_model, dense_optimizer(resumed), torch.device("cpu"))
+        pipeline = TrainPipelineSparseDist(resumed, dense_optimizer(resumed), torch.device("cpu"))
         batches = []
         for step in data[half:]:
             kjt, dense, labels = local_slice(step, rank)
