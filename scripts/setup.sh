@@ -39,6 +39,10 @@ if [ "${1:-}" = "--ci" ] && [ "$($PY -c 'import torch; print(torch.__version__.s
   # fbgemm_gpu's CPU build for this torch: the tests use it as an oracle (they skip where it is absent).
   say "pip install fbgemm-gpu-cpu==1.8.0 (oracle for the TBE tests)"
   $PY -m pip install -q --no-deps fbgemm-gpu-cpu==1.8.0 || say "fbgemm-gpu-cpu unavailable: its oracle tests will skip"
+  say "pip install torchrec==1.8.0 and the pure-Python packages it imports (TorchRec tests; --no-deps keeps this torch)"
+  $PY -m pip install -q --no-deps torchrec==1.8.0 tensordict==0.15.3 pyvers==0.2.3 pyre-extensions==0.0.32 \
+    typing-inspect==0.9.0 mypy-extensions==1.1.0 cloudpickle==2.1.0 \
+    || say "torchrec unavailable: its tests will skip"
 fi
 
 say "building hipdlrm (pip install --no-build-isolation -e .)"
