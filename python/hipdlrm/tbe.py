@@ -161,13 +161,17 @@ torch.library.register_autograd("hipdlrm::tbe_forward", _tbe_forward_backward,
                                 setup_context=_tbe_forward_setup_context)
 
 
+_PLACEHOLDER = "placeholder_autograd_tensor"
+
+
 class TBELookupFunction(torch.autograd.Function):
     """The module's lookup as an autograd node: forward = ``tbe_forward``; backward = the fused update
-    (no gradient returned for the weights) or, for OptimType.NONE and inference-only modules, the sparse
-    gradient. The per-sample weights get their gradient whenever they require it."""
+    (no gradient for the weights, which do not require one; the empty placeholder gets an empty one) or,
+    for OptimType.NONE, the sparse gradient. The per-sample weights get their gradient whenever they
+    require it."""
 
     @staticmethod
-    def forward(ctx, module, indices, offsets, weights, per_sample_weights):
+    def forward(ctx, module, indices, offsets, weights, per_sample_weights, placeholder):
         ctx.module = module
         ctx.save_for_backward(indices, offsets, per_sample_weights)
         return module._forward_op(weights, indices, offsets, per_sample_weights)
@@ -179,7 +183,7 @@ class TBELookupFunction(torch.autograd.Function):
         grad_output = grad_output.contiguous()
         lookup = (indices, offsets, int(module.pooling_mode), per_sample_weights)
         grad_weights = None
-        if module.optimizer in _FUSED:
+        if module.optimizer in _FUSED and ctx.needs_input_grad[5]:
             grad_psw = torch.ops.hipdlrm.tbe_backward(grad_output, module.weights.detach(), *module._lookup_metadata(),
                                                       *lookup, *module._optimizer_arguments())
         else:
@@ -191,7 +195,9 @@ class TBELookupFunction(torch.autograd.Function):
                                                        check_invariants=False, is_coalesced=True)
         if not ctx.needs_input_grad[4]:
             grad_psw = None
-        return None, None, None, grad_weights, grad_psw
+        # DDP expects every parameter that requires grad to get one each step.
+        grad_placeholder = grad_output.new_zeros(0, dtype=torch.float32) if ctx.needs_input_grad[5] else None
+        return None, None, None, grad_weights, grad_psw, grad_placeholder
 
 
 # ---- the module ----------------------------------------------------------------------------------------
@@ -242,8 +248,12 @@ class TableBatchedEmbedding(nn.Module):
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
 
-    Attributes: ``weights`` (the flat tables, an ``nn.Parameter``; it requires grad unless ``optimizer``
-    is None), the optimizer state (``split_optimizer_states()``; buffers ``momentum1``, ``momentum2`` and
+    Attributes: ``weights`` (the flat tables, an ``nn.Parameter``; it requires grad only with
+    ``OptimType.NONE``, whose backward gives it a sparse gradient), ``placeholder_autograd_tensor`` (with a
+    fused optimizer: an empty parameter that connects the lookup to autograd, so that ``loss.backward()``
+    runs the update while no gradient the size of the tables exists, for DDP to bucket or for
+    AOTAutograd to see on a mutated leaf; ``requires_grad_(False)`` on it, or on the module, freezes the
+    tables; it is not part of ``state_dict()``), the optimizer state (``split_optimizer_states()``; buffers ``momentum1``, ``momentum2`` and
     ``optimizer_counters`` = [step, seed], all in ``state_dict()``), and the per-feature buffers
     ``weights_offsets`` (int64), ``D_offsets`` (int32, T + 1 entries), ``rows_per_table`` and
     ``row_offsets`` (int64) that the ops take.
@@ -368,7 +378,11 @@ class TableBatchedEmbedding(nn.Module):
             raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1} and {beta2}")
         if self.optimizer is None:
             return
-        self.weights.requires_grad_(True)
+        if self.optimizer == OptimType.NONE:
+            self.weights.requires_grad_(True)
+        else:
+            self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, dtype=torch.float32,
+                                                                        device=self.weights.device))
         f32 = dict(dtype=torch.float32, device=self.weights.device)
         if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
             self.register_buffer("momentum1", torch.zeros(self.total_rows, **f32))
@@ -426,6 +440,12 @@ class TableBatchedEmbedding(nn.Module):
                                  f"({self._state_description(name)}), got {got}")
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                                       error_msgs)
+        if prefix + _PLACEHOLDER in missing_keys:
+            missing_keys.remove(prefix + _PLACEHOLDER)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + _PLACEHOLDER, None)  # it holds nothing: checkpoints keep the keys they had
 
     def _state_description(self, name: str) -> str:
         if name == "weights":
@@ -491,9 +511,11 @@ class TableBatchedEmbedding(nn.Module):
                 indices.copy_(idx)
             if off is not offsets:
                 offsets.copy_(off)
+        placeholder = getattr(self, _PLACEHOLDER, None)
         if torch.is_grad_enabled() and (self.weights.requires_grad or (
+                placeholder is not None and placeholder.requires_grad) or (
                 per_sample_weights is not None and per_sample_weights.requires_grad)):
-            return TBELookupFunction.apply(self, idx, off, self.weights, per_sample_weights)
+            return TBELookupFunction.apply(self, idx, off, self.weights, per_sample_weights, placeholder)
         return self._forward_op(self.weights, idx, off, per_sample_weights)
 
     def _check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor,
