@@ -40,10 +40,9 @@ def _seed(*parts) -> int:
 
 
 def make_module(specs, fmap, pooling, optimizer, weights=torch.float32, device="cpu", seed=0, **kwargs):
-    settings = {**SETTINGS, **kwargs}
+    settings = {"bounds_check_mode": BoundsCheckMode.FATAL, **SETTINGS, **kwargs}
     module = TableBatchedEmbedding(specs, feature_table_map=fmap, pooling_mode=pooling, weights_precision=weights,
-                                   bounds_check_mode=BoundsCheckMode.FATAL, device=device, optimizer=optimizer,
-                                   **settings)
+                                   device=device, optimizer=optimizer, **settings)
     torch.manual_seed(seed)
     module.init_embedding_weights_uniform(-1.0, 1.0)
     return module
@@ -411,7 +410,7 @@ def test_gradcheck_none_path():
 
     def fn(weights, per_sample_weights):
         return hipdlrm.tbe.TBELookupFunction.apply(module, indices, offsets, Densify.apply(weights),
-                                                            per_sample_weights)
+                                                            per_sample_weights, None)
 
     assert torch.autograd.gradcheck(fn, (module.weights, psw), eps=1e-2, atol=1e-3, rtol=1e-3)
 
@@ -727,8 +726,10 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
               int(module.pooling_mode), None if psw is None else psw.to(device))
     if optimizer == OptimType.NONE:
         return tuple(t.cpu() for t in torch.ops.hipdlrm.tbe_backward_sparse(grad_in, weights, *common))
+    counters = torch.tensor([step - 1, 1234], device=device)  # [step, seed]: the op advances the step
     gpsw = torch.ops.hipdlrm.tbe_backward(grad_in, weights, *common, int(optimizer), states[0], states[1], 0.05, 1e-2,
-                                          0.8, 0.95, 0.01, int(WeightDecayMode.L2), step, True, 1234)
+                                          0.8, 0.95, 0.01, int(WeightDecayMode.L2), True, counters)
+    assert counters.tolist() == [step, 1234]
     return weights.cpu(), [s.cpu() for s in states], gpsw.cpu()
 
 
@@ -782,7 +783,7 @@ def test_module_casts_keep_table_precision_and_fp32_state(cast, optimizer):
     wrapper = torch.nn.Sequential(module, torch.nn.Linear(2, 2))
     wrapper = wrapper.to(torch.float64) if cast == "to(float64)" else getattr(wrapper, cast)()
     assert wrapper[1].weight.dtype != torch.float32 or cast == "float"  # the cast reached the rest
-    assert module.weights.dtype == torch.bfloat16 and module.weights.requires_grad
+    assert module.weights.dtype == torch.bfloat16 and module.placeholder_autograd_tensor.dtype == torch.float32
     _assert_same_state(before, _training_state(module))
     # and training goes on as it would have without the cast
     twin = case(PoolingMode.SUM, optimizer, torch.bfloat16, seed=3)
@@ -940,3 +941,80 @@ def test_backward_rejects_overlapping_row_spaces_and_infinite_eps():
     # features of one table share its row space: allowed
     shared = make_module([(10, 4)], [0, 0], PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD)
     torch.ops.hipdlrm.tbe_backward(*op_args(shared, indices, offsets, torch.zeros(2, 8)))
+
+
+# ----------------------------------------------------------------------------------------------
+# The GPU step without host synchronisation: CUDA graph capture, sync debug mode
+# ----------------------------------------------------------------------------------------------
+
+def _gpu_step_inputs(module, steps):
+    """Per step: indices, offsets (one fixed shape, so one captured graph serves every step) and the
+    upstream gradient, on the GPU."""
+    out = []
+    T, batch, per_bag = module.num_features, 6, 3
+    rows = module.rows_per_table.cpu()
+    for s in range(steps):
+        g = torch.Generator().manual_seed(100 + s)
+        indices = (torch.rand(T, batch * per_bag, generator=g) * rows.unsqueeze(1)).long().flatten()
+        offsets = torch.arange(T * batch + 1) * per_bag
+        grad = torch.randn(batch, module.total_D, generator=g)
+        out.append(tuple(t.cuda() for t in (indices, offsets, grad)))
+    return out
+
+
+@requires_gpu
+@pytest.mark.parametrize("bounds", [BoundsCheckMode.WARNING, BoundsCheckMode.FATAL], ids=lambda m: m.name)
+@pytest.mark.parametrize("optimizer, weights", [(o, torch.float32) for o in OPTIMIZERS] +
+                         [(OptimType.EXACT_ROWWISE_ADAGRAD, torch.float16)], ids=lambda v: getattr(v, "name", str(v)))
+def test_gpu_captured_step_matches_eager(optimizer, weights, bounds):
+    """A training step (bounds check, lookup, fused-optimizer backward) captured in a CUDA graph and
+    replayed gives the eager steps' tables, optimizer state and step counter, bit for bit: nothing in
+    the step reads a value on the host (capture would fail) and the step counter advances on the device."""
+    eager = case(PoolingMode.SUM, optimizer, weights, device="cuda", seed=21, bounds_check_mode=bounds)
+    graphed = case(PoolingMode.SUM, optimizer, weights, device="cuda", seed=21, bounds_check_mode=bounds)
+    steps = _gpu_step_inputs(eager, 4)
+    for indices, offsets, grad in steps:
+        eager(indices.clone(), offsets.clone()).backward(grad)
+
+    start = _training_state(graphed)
+    static = [t.clone() for t in steps[0]]
+
+    def step():
+        graphed(static[0], static[1]).backward(static[2])
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture, as torch.cuda.graph asks
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graphed.load_state_dict(start)  # undo the warm-up step, in place (the graph holds these tensors)
+    for indices, offsets, grad in steps:
+        for dst, src in zip(static, (indices, offsets, grad)):
+            dst.copy_(src)
+        graph.replay()
+    torch.cuda.synchronize()
+    _assert_same_state(_training_state(eager), _training_state(graphed))
+    assert int(graphed.optimizer_counters[0]) == len(steps)
+
+
+@requires_gpu
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+def test_gpu_step_has_no_host_sync(optimizer):
+    """torch's sync debug mode raises at any synchronising call it sees (a value read on the host, a
+    synchronising copy) during a whole eager step."""
+    module = case(PoolingMode.SUM, optimizer, torch.float32, device="cuda", seed=22,
+                  bounds_check_mode=BoundsCheckMode.WARNING)
+    (indices, offsets, grad), = _gpu_step_inputs(module, 1)
+    module(indices.clone(), offsets.clone()).backward(grad)  # first call: one-time set-up may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(2):
+            module(indices, offsets).backward(grad)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert int(module.optimizer_counters[0]) == 3

@@ -884,7 +884,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
     if constexpr (OptimizerTraits<kOpt>::kRowState) state = p.momentum1[key];
     const std::uint64_t row_state =
-        !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(o.rounding_step_state, key) : 0;
+        !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(w.optim->rounding_step_state, key) : 0;
     const int passes = kOpt == OptimType::kExactRowwiseAdagrad && !single ? 2 : 1;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
@@ -933,7 +933,12 @@ __global__ void step_kernel(OptimizerArgs o, std::int64_t* counters, double beta
 template <typename W, int K, OptimType kOpt, bool kPrefetch>
 __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
     apply_kernel(SegmentProblem p, Workspace w, const std::int32_t* num_segments) {
-  if constexpr (kOpt != OptimType::kNone) p.optim = *w.optim;  // this call's step (step_kernel)
+  // This call's step values (step_kernel), read where they are used: Adam's bias corrections here, the
+  // rounding state per row. The settings stay kernel parameters, out of the registers.
+  if constexpr (kOpt == OptimType::kAdam) {
+    p.optim.bias_correction1 = w.optim->bias_correction1;
+    p.optim.bias_correction2 = w.optim->bias_correction2;
+  }
   const int lane = gpu::lane_id();
   const std::int64_t segments = *num_segments;
   if ((p.num_indices > kPrefetchMinMean * segments) != kPrefetch) return;  // the other build's call
