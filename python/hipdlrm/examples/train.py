@@ -131,12 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "1M-10M rows x dim 128, batch 65536; HSTU: history up to 1024, 4 heads of dim 128)")
     p.add_argument("--baseline", choices=("torch",), default=None,
                    help="also train the same model from plain PyTorch parts, from identical weights and data")
-    p.add_argument("--noise-floor", action="store_true",
+    p.add_argument("--noise-floor", action=argparse.BooleanOptionalAction, default=None,
                    help="with --baseline torch (DLRM): also train the plain-PyTorch model on the same data with every "
                         "bag's lookups in reverse order (the same sums, another fp32 order) and report how far its "
                         "loss curve drifts from the plain-PyTorch one: the curves' sensitivity to summation order "
                         "alone. The hipdlrm curve then also agrees when it drifts no further than that floor "
-                        "(docs/training.md, Agreement)")
+                        "(docs/training.md, Agreement) [default: on for --size production --baseline torch, where "
+                        "that floor is above the fixed tolerance; off otherwise]")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--steps", type=_positive_int, default=None, help="training steps (total, when resuming)")
     p.add_argument("--batch-size", type=_positive_int, default=None, help="examples (DLRM) or users (HSTU) per step")
@@ -233,6 +234,9 @@ def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
         args.attn_dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.tf32 and device.type != "cuda":
         parser.error("--tf32 applies to GPU runs only")
+    if args.noise_floor is None:
+        args.noise_floor = (args.size == "production" and args.model == "dlrm" and args.baseline == "torch"
+                            and args.save is None and args.resume is None)
     if args.noise_floor:
         if args.model != "dlrm" or args.baseline != "torch":
             parser.error("--noise-floor applies to --model dlrm with --baseline torch")
