@@ -188,6 +188,7 @@ _OPTIMIZERS = {
     EmbOptimType.SGD: _HipOptimType.EXACT_SGD,
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: _HipOptimType.EXACT_ROWWISE_ADAGRAD,
     EmbOptimType.ADAM: _HipOptimType.ADAM,
+    EmbOptimType.EXACT_ADAGRAD: _HipOptimType.EXACT_ADAGRAD,
     EmbOptimType.NONE: _HipOptimType.NONE,
 }
 
@@ -215,7 +216,7 @@ def _weight_decay(optimizer: EmbOptimType, weight_decay: float,
         raise _unsupported("weight_decay_mode", mode, "WeightDecayMode.NONE, L2, DECOUPLE")
     if optimizer == EmbOptimType.NONE or weight_decay == 0.0:
         return 0.0, _HipWeightDecayMode.NONE
-    if optimizer in (EmbOptimType.EXACT_SGD, EmbOptimType.SGD):
+    if optimizer in (EmbOptimType.EXACT_SGD, EmbOptimType.SGD, EmbOptimType.EXACT_ADAGRAD):
         if mode == WeightDecayMode.NONE:
             return 0.0, _HipWeightDecayMode.NONE
         raise ValueError(f"weight_decay={weight_decay} with weight_decay_mode={mode.name}: FBGEMM's "
@@ -408,7 +409,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             extra = (" (FBGEMM 1.8.0 rejects it as deprecated too; EXACT_ROWWISE_ADAGRAD is the exact update)"
                      if fbgemm_optimizer == EmbOptimType.ROWWISE_ADAGRAD else "")
             raise _unsupported("optimizer", fbgemm_optimizer,
-                               "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, ADAM, NONE" + extra)
+                               "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, NONE" + extra)
         if gradient_clipping:
             raise _unsupported("gradient_clipping", gradient_clipping, "False (gradient clipping is not implemented)")
         if float(max_norm) > 0.0:
@@ -571,10 +572,10 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         return super().split_optimizer_states()
 
     def get_optimizer_state(self) -> List[Dict[str, torch.Tensor]]:
-        """Per table, the state under torch.optim's names: ``{"sum"}`` (row-wise Adagrad), ``{"exp_avg",
+        """Per table, the state under torch.optim's names: ``{"sum"}`` (the Adagrads), ``{"exp_avg",
         "exp_avg_sq"}`` (Adam); ``[]`` for SGD (FBGEMM's result: it has no state)."""
         states = self.split_optimizer_states()
-        if self.optimizer == _HipOptimType.EXACT_ROWWISE_ADAGRAD:
+        if self.optimizer in (_HipOptimType.EXACT_ROWWISE_ADAGRAD, _HipOptimType.EXACT_ADAGRAD):
             return [{"sum": s[0]} for s in states]
         if self.optimizer == _HipOptimType.ADAM:
             return [{"exp_avg": s[0], "exp_avg_sq": s[1]} for s in states]

@@ -61,14 +61,16 @@ class OptimType(enum.IntEnum):
 
     NONE: no update; ``weights.grad`` receives a sparse COO gradient. EXACT_SGD: ``w -= lr * g``.
     EXACT_ROWWISE_ADAGRAD: one fp32 state per row, ``s += mean(g^2)``, ``w -= lr * g / (sqrt(s) + eps)``.
-    ADAM: two fp32 states per element, bias-corrected with the module's step counter. "Exact": only
-    rows looked up in the batch are updated, each once with the sum of its gradients.
+    ADAM: two fp32 states per element, bias-corrected with the module's step counter. EXACT_ADAGRAD: one
+    fp32 state per element, ``s += g^2``, ``w -= lr * g / (sqrt(s) + eps)`` (torch.optim.Adagrad's step).
+    "Exact": only rows looked up in the batch are updated, each once with the sum of its gradients.
     """
 
     NONE = 0
     EXACT_SGD = 1
     EXACT_ROWWISE_ADAGRAD = 2
     ADAM = 3
+    EXACT_ADAGRAD = 4
 
 
 class WeightDecayMode(enum.IntEnum):
@@ -84,7 +86,7 @@ _FLOAT_FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 # Every table starts on a 128-byte boundary of the flat buffer, so rows whose size is a multiple of 16
 # bytes always take the kernels' 16-byte vector path (FBGEMM packs tables back to back instead).
 _TABLE_ALIGN_BYTES = 128
-_FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM)
+_FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD)
 
 
 # ---- fake kernels (torch.compile, meta tensors) --------------------------------------------------------
@@ -244,7 +246,7 @@ class TableBatchedEmbedding(nn.Module):
             tables in place. ``OptimType.NONE`` gives ``weights.grad`` a sparse gradient instead; ``None``
             makes an inference-only module (weights that do not require grad).
         learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2: the optimizer's settings
-            (beta1/beta2: Adam only; eps: row-wise Adagrad and Adam).
+            (beta1/beta2: Adam only; eps: the Adagrads and Adam).
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
 
@@ -362,7 +364,7 @@ class TableBatchedEmbedding(nn.Module):
     def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
                         stochastic_rounding) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
-        ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; Adam: one per weight),
+        ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; Adam and Adagrad: one per weight),
         ``momentum2`` (Adam) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
         self.optimizer = None if optimizer is None else OptimType(optimizer)
         self.weight_decay_mode = WeightDecayMode(weight_decay_mode)
@@ -372,7 +374,7 @@ class TableBatchedEmbedding(nn.Module):
         self.beta1 = _finite(beta1, "beta1")
         self.beta2 = _finite(beta2, "beta2")
         self.stochastic_rounding = bool(stochastic_rounding)
-        if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM) and self.eps <= 0:
+        if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD) and self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
         if self.optimizer == OptimType.ADAM and not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1} and {beta2}")
@@ -389,6 +391,8 @@ class TableBatchedEmbedding(nn.Module):
         elif self.optimizer == OptimType.ADAM:
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
             self.register_buffer("momentum2", torch.zeros(self.weights.numel(), **f32))
+        elif self.optimizer == OptimType.EXACT_ADAGRAD:
+            self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
         seed = int(torch.randint(0, 2**62, (1,)).item())
         self.register_buffer("optimizer_counters", torch.tensor([0, seed], dtype=torch.int64,
                                                                 device=self.weights.device))
@@ -469,16 +473,18 @@ class TableBatchedEmbedding(nn.Module):
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
-        ``[momentum1 [rows]]``, Adam ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, SGD and NONE ``[]``."""
+        ``[momentum1 [rows]]``, Adam ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
+        ``[momentum1 [rows, dim]]``, SGD and NONE ``[]``."""
         states: List[List[torch.Tensor]] = []
         for t, (rows, dim) in enumerate(self.embedding_specs):
             if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
                 start = self.table_row_offsets[t]
                 states.append([self.momentum1.detach()[start:start + rows]])
-            elif self.optimizer == OptimType.ADAM:
+            elif self.optimizer in (OptimType.ADAM, OptimType.EXACT_ADAGRAD):
                 start = self.table_offsets[t]
-                states.append([m.detach()[start:start + rows * dim].view(rows, dim)
-                               for m in (self.momentum1, self.momentum2)])
+                element_states = (self.momentum1, self.momentum2) if self.optimizer == OptimType.ADAM else (
+                    self.momentum1,)
+                states.append([m.detach()[start:start + rows * dim].view(rows, dim) for m in element_states])
             else:
                 states.append([])
         return states

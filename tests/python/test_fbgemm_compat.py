@@ -206,7 +206,7 @@ def test_performance_and_cache_hints_are_accepted():
 # (argument, value, words the message must contain); every rejection names the argument and the value.
 REJECTED = [
     ("optimizer", hf.EmbOptimType.LAMB, "EXACT_ROWWISE_ADAGRAD"),
-    ("optimizer", hf.EmbOptimType.EXACT_ADAGRAD, "EXACT_SGD"),
+    ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, "EXACT_ADAGRAD"),
     ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, "ADAM"),
     ("optimizer", hf.EmbOptimType.LARS_SGD, "NONE"),
     ("optimizer", hf.EmbOptimType.ROWWISE_ADAGRAD, "deprecated"),
@@ -404,6 +404,9 @@ class Reference:
             new = w - self.lr * g / (self.m1[t][r].sqrt() + self.eps)
             if self.mode == 2:
                 new = new - self.lr * self.wd * w
+        elif self.opt == hf.EmbOptimType.EXACT_ADAGRAD:  # FBGEMM's: no weight decay
+            self.m1[t][r] += g * g
+            new = w - self.lr * g / (self.m1[t][r].sqrt() + self.eps)
         else:  # ADAM, FBGEMM's: weight decay always decoupled
             self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
             self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * g * g
@@ -413,7 +416,7 @@ class Reference:
         self.tables[t][r] = new.to(self.dtype).double()  # rounded to the weights' format, to nearest
 
     def states(self):
-        if self.opt == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+        if self.opt in (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.EXACT_ADAGRAD):
             return [[m] for m in self.m1]
         if self.opt == hf.EmbOptimType.ADAM:
             return [[a, b] for a, b in zip(self.m1, self.m2)]
@@ -521,12 +524,14 @@ class FbgemmOracle:
 def _fbgemm_cpu_is_wrong(optimizer, layout, pooling, weighted, weight_decay_mode):
     """The cases where fbgemm-gpu-cpu 1.8.0 is wrong (the test_fbgemm_cpu_* tests pin each)."""
     return ((pooling == hf.PoolingMode.MEAN and weighted)
-            or (optimizer == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD and layout == "shared_tables")
+            or (optimizer in (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.EXACT_ADAGRAD)
+                and layout == "shared_tables")
             or weight_decay_mode != hf.WeightDecayMode.NONE)
 
 
 ORACLE_CASES = [(o, dt, layout, p, w)
-                for o in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD)
+                for o in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                          hf.EmbOptimType.EXACT_ADAGRAD)
                 for dt in (torch.float32, torch.float16)
                 for layout in LAYOUTS
                 for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN)
@@ -598,6 +603,7 @@ def test_adam_matches_the_formula(weights_dtype, layout, pooling, weighted):
 @pytest.mark.parametrize("optimizer, shapes, keys", [
     (hf.EmbOptimType.EXACT_SGD, [], []),
     (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, [[(10,)], [(7,)]], [["sum"], ["sum"]]),
+    (hf.EmbOptimType.EXACT_ADAGRAD, [[(10, 4)], [(7, 8)]], [["sum"], ["sum"]]),
     (hf.EmbOptimType.ADAM, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2)])
 def test_optimizer_state_views(optimizer, shapes, keys):
     tbe = _make(optimizer=optimizer)
@@ -611,7 +617,8 @@ def test_optimizer_state_views(optimizer, shapes, keys):
 
 
 @needs_fbgemm
-@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD])
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                       hf.EmbOptimType.EXACT_ADAGRAD])
 def test_optimizer_state_views_match_fbgemm(optimizer):
     ours = _make(optimizer=optimizer)
     t = FBGEMM
@@ -784,6 +791,24 @@ def test_fbgemm_cpu_rowwise_adagrad_rejects_shared_tables():
     out = fb(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 2, 3]))
     with pytest.raises(RuntimeError, match="num of rows processed by adagrad"):
         out.sum().backward()
+
+
+@needs_fbgemm
+def test_fbgemm_cpu_adagrad_updates_shared_tables_once_per_feature():
+    """Table 0 read by features 0 and 2 (not adjacent), the same row by both: FBGEMM's CPU EXACT_ADAGRAD
+    applies one update per feature (state g0^2 + g2^2, two steps), not the exact update of the summed
+    gradient ((g0 + g2)^2, one step) that hipdlrm makes (and the formula gives)."""
+    specs, ftm = [(5, 4), (6, 4)], [0, 1, 0]
+    fb = _fbgemm_cpu(specs, ftm, optimizer=FBGEMM.OptimType.EXACT_ADAGRAD, learning_rate=0.1)
+    ours = _make(specs, feature_table_map=ftm, optimizer=hf.EmbOptimType.EXACT_ADAGRAD, learning_rate=0.1)
+    ours.split_embedding_weights()[0].copy_(fb.split_embedding_weights()[0])
+    ours.split_embedding_weights()[1].copy_(fb.split_embedding_weights()[1])
+    grad = (torch.arange(12.0) + 1).view(1, 12)
+    for module in (fb, ours):
+        module(torch.tensor([1, 2, 1]), torch.tensor([0, 1, 2, 3])).backward(grad)
+    g0, g2 = grad[0, 0:4], grad[0, 8:12]
+    torch.testing.assert_close(fb.split_optimizer_states()[0][0][1], g0 * g0 + g2 * g2)
+    torch.testing.assert_close(ours.split_optimizer_states()[0][0][1], (g0 + g2) ** 2)
 
 
 @needs_fbgemm

@@ -27,7 +27,7 @@ from hipdlrm import BoundsCheckMode, OptimType, PoolingMode, TableBatchedEmbeddi
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 POOLINGS = [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE]
-OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM]
+OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD]
 MIXED_SPECS = [(50, 4), (37, 8), (100, 16), (9, 3), (1, 64), (20, 130), (64, 36)]
 MIXED_MAP = [0, 1, 2, 3, 4, 5, 2, 6]
 SEQUENCE_SPECS = [(50, 24), (1, 24), (37, 24)]
@@ -136,6 +136,10 @@ class ReferenceTrainer:
         lr = SETTINGS["learning_rate"]
         if optimizer == OptimType.EXACT_SGD:
             self.opt = torch.optim.SGD(self.tables, lr=lr, weight_decay=weight_decay)
+        if optimizer == OptimType.EXACT_ADAGRAD and weight_decay_mode == WeightDecayMode.NONE:
+            # dense Adagrad: rows not looked up get a zero gradient, which leaves them and their state as
+            # they are, so it updates exactly the rows the exact update does
+            self.opt = torch.optim.Adagrad(self.tables, lr=lr, eps=SETTINGS["eps"])
         self.m = [torch.zeros_like(t) for t in self.tables]
         self.v = [torch.zeros_like(t) for t in self.tables]
         self.steps = 0
@@ -146,8 +150,19 @@ class ReferenceTrainer:
         (out * grad.double()).sum().backward()
         masks = touched_rows(self.module, indices, offsets)
         with torch.no_grad():
-            if self.optimizer == OptimType.EXACT_SGD:
+            if self.optimizer == OptimType.EXACT_SGD or hasattr(self, "opt"):
                 self.opt.step()
+            elif self.optimizer == OptimType.EXACT_ADAGRAD:
+                lr, eps = SETTINGS["learning_rate"], SETTINGS["eps"]
+                for t, s, mask in zip(self.tables, self.m, masks):
+                    g, w = t.grad[mask], t[mask]
+                    if self.wd_mode == WeightDecayMode.L2:
+                        g = g + self.wd * w
+                    s[mask] += g * g
+                    new = w - lr * g / (s[mask].sqrt() + eps)
+                    if self.wd_mode == WeightDecayMode.DECOUPLED:
+                        new = new - lr * self.wd * w
+                    t[mask] = new
             elif self.optimizer == OptimType.ADAM:
                 # torch.optim.Adam's formula on the touched rows only (torch.optim.SparseAdam would do that
                 # but adds eps to the uncorrected sqrt(v); test_adam_matches_torch_adam covers torch's Adam).
@@ -219,6 +234,24 @@ def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype)
         for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.v):
             torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+    if optimizer == OptimType.EXACT_ADAGRAD:
+        for ours, table in zip(module.split_optimizer_states(), ref.tables):
+            torch.testing.assert_close(ours[0].double(), ref.opt.state[table]["sum"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
+def test_adagrad_weight_decay(mode):
+    module = case(PoolingMode.SUM, OptimType.EXACT_ADAGRAD, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, OptimType.EXACT_ADAGRAD, 0.1, mode)
+    for step in range(2):
+        indices, offsets, psw = make_inputs(module, 5, 60 + step)
+        grad = upstream(module, indices, offsets, 70 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, state in zip(module.split_optimizer_states(), ref.m):
+        torch.testing.assert_close(ours[0].double(), state, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
@@ -456,6 +489,9 @@ def test_split_optimizer_states_shapes():
     assert [[tuple(s.shape) for s in t] for t in ada.split_optimizer_states()] == [[(10,)], [(7,)]]
     adam = make_module(specs, None, PoolingMode.SUM, OptimType.ADAM)
     assert [[tuple(s.shape) for s in t] for t in adam.split_optimizer_states()] == [[(10, 4)] * 2, [(7, 3)] * 2]
+    adagrad = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_ADAGRAD)
+    assert [[tuple(s.shape) for s in t] for t in adagrad.split_optimizer_states()] == [[(10, 4)], [(7, 3)]]
+    assert set(adagrad.state_dict()) == {"weights", "momentum1", "optimizer_counters"}
     sgd = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_SGD)
     assert sgd.split_optimizer_states() == [[], []]
     assert set(sgd.state_dict()) == {"weights", "optimizer_counters"}
@@ -715,6 +751,8 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         states = [torch.rand(module.total_rows, generator=g), torch.empty(0)]
     elif optimizer == OptimType.ADAM:
         states = [torch.randn(numel, generator=g) * 0.01, torch.rand(numel, generator=g) * 0.01]
+    elif optimizer == OptimType.EXACT_ADAGRAD:
+        states = [torch.rand(numel, generator=g) * 0.1, torch.empty(0)]
     else:
         states = [torch.empty(0), torch.empty(0)]
     move = (lambda t: offset_copy(t, device)) if unaligned else (lambda t: t.clone().to(device))

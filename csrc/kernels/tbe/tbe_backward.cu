@@ -1044,6 +1044,10 @@ void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspa
       launch_apply_weights<K, OptimType::kExactRowwiseAdagrad>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
                                                multiprocessors, stream);
       break;
+    case OptimType::kExactAdagrad:
+      launch_apply_weights<K, OptimType::kExactAdagrad>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
+                                                        multiprocessors, stream);
+      break;
     default:
       launch_apply_weights<K, OptimType::kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
                                      stream);

@@ -52,6 +52,11 @@ struct OptimizerTraits<OptimType::kExactRowwiseAdagrad> {
   static constexpr bool kRowState = true;
 };
 template <>
+struct OptimizerTraits<OptimType::kExactAdagrad> {
+  static constexpr int kElementStates = 1;
+  static constexpr bool kRowState = false;
+};
+template <>
 struct OptimizerTraits<OptimType::kAdam> {
   static constexpr int kElementStates = 2;
   static constexpr bool kRowState = false;
@@ -76,12 +81,13 @@ HIPDLRM_HOST_DEVICE float rowwise_adagrad_multiplier(const OptimizerArgs& o, flo
 // ---- the per-element update ----------------------------------------------------------------------------
 
 // The new value of one weight w from its summed gradient g. `multiplier` is the row's step size
-// (rowwise_adagrad_multiplier; unused by the others); m1 and m2 are the element's states (Adam: read and
-// updated; unused by the others).
+// (rowwise_adagrad_multiplier; unused by the others); m1 and m2 are the element's states (read and updated:
+// Adam both, Adagrad m1; unused by the others).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float g, float multiplier, float& m1,
                                          float& m2) {
-  static_assert(kOpt == OptimType::kExactSgd || kOpt == OptimType::kExactRowwiseAdagrad || kOpt == OptimType::kAdam,
+  static_assert(kOpt == OptimType::kExactSgd || kOpt == OptimType::kExactRowwiseAdagrad ||
+                    kOpt == OptimType::kExactAdagrad || kOpt == OptimType::kAdam,
                 "an optimizer with an update");
   if constexpr (kOpt == OptimType::kExactSgd) {
     // Decoupled decay is the same step for SGD: w - lr * (g + wd * w).
@@ -90,6 +96,13 @@ HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float 
   } else if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
     float next = w - multiplier * g;
+    if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
+    return next;
+  } else if constexpr (kOpt == OptimType::kExactAdagrad) {
+    // torch.optim.Adagrad's step (and FBGEMM's EXACT_ADAGRAD): the element's sum of squares, then its step.
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    m1 = fmaf(g, g, m1);
+    float next = w - o.learning_rate * g / (sqrtf(m1) + o.eps);
     if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
     return next;
   } else {

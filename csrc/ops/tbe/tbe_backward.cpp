@@ -295,6 +295,7 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
         apply_rows<scalar_t, OptimType::kExactRowwiseAdagrad>(p, o, w, m1, m2);
         break;
       case OptimType::kAdam: apply_rows<scalar_t, OptimType::kAdam>(p, o, w, m1, m2); break;
+      case OptimType::kExactAdagrad: apply_rows<scalar_t, OptimType::kExactAdagrad>(p, o, w, m1, m2); break;
       case OptimType::kNone: break;  // rejected by check_optimizer_arguments
     }
   });
@@ -441,8 +442,9 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   const double eps = a.eps, beta1 = a.beta1, beta2 = a.beta2;
   const auto code = [](OptimType t) { return static_cast<std::int64_t>(t); };
   TORCH_CHECK(optimizer == code(OptimType::kExactSgd) || optimizer == code(OptimType::kExactRowwiseAdagrad) ||
-                  optimizer == code(OptimType::kAdam),
-              "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD) or 3 (ADAM), got ", optimizer);
+                  optimizer == code(OptimType::kAdam) || optimizer == code(OptimType::kExactAdagrad),
+              "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM) or 4 (EXACT_ADAGRAD), "
+              "got ", optimizer);
   TORCH_CHECK(a.weight_decay_mode >= static_cast<std::int64_t>(ktbe::WeightDecayMode::kNone) &&
                   a.weight_decay_mode <= static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
               "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", a.weight_decay_mode);
@@ -458,6 +460,10 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     check_state("momentum1", a.momentum1, weights, a.total_rows, "one per row, total_rows");
     check_state("momentum2", a.momentum2, weights, 0, "EXACT_ROWWISE_ADAGRAD keeps one state");
+  } else if (opt == OptimType::kExactAdagrad) {
+    TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
+    check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
+    check_state("momentum2", a.momentum2, weights, 0, "EXACT_ADAGRAD keeps one state");
   } else {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
