@@ -348,17 +348,25 @@ def _batch_sizes(value, num_features: int, num_bags: int) -> Tuple[Tuple[int, ..
     return tuple(rows)
 
 
+def _host_to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host-built table on ``device``; to a GPU through pinned memory, so the copy is queued on the
+    stream instead of waiting for it."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 class _VBELayout:
     """How one ``batch_size_per_feature_per_rank`` maps onto the fixed-batch lookup, built once per distinct
-    value (on the tables' device, with sizes known on the host: no tensor value is read back).
+    value on the tables' device from sizes known on the host (no tensor value is read back).
 
     The lookup runs on T x max_B bags, max_B = max_f sum_r B[f][r]: slot b of feature f is the feature's
     b-th bag (its ranks' bags in order) for b < B_f, an empty bag after that. ``offsets_map`` picks, for
     each of the T * max_B + 1 padded offsets, the VBE offset it equals (an empty slot repeats the feature's
     end), so the padded offsets are one gather of the caller's. ``output_map`` gives, for each element of
     FBGEMM's VBE output (rank-major, then feature: block (r, f) holds B[f][r] x D_f values), its position
-    in the flattened ``[max_B, total_D]`` padded output; ``inverse_map`` is its inverse, with
-    ``output_size`` (one past the end) for the padded elements no VBE bag owns."""
+    in the flattened ``[max_B, total_D]`` padded output (no two share one)."""
 
     def __init__(self, batch_sizes: Tuple[Tuple[int, ...], ...], dims: List[int], device: torch.device) -> None:
         T, R = len(batch_sizes), len(batch_sizes[0])
@@ -371,51 +379,63 @@ class _VBELayout:
         for d in dims:
             D_offsets.append(D_offsets[-1] + d)
         total_D, total_bags = D_offsets[-1], B_offsets[-1]
-        self.B_offsets = torch.tensor(B_offsets, dtype=torch.int32, device=device)
+        self.B_offsets = _host_to_device(B_offsets, torch.int32, device)
         padded_elements = self.max_B * total_D
         self.output_size = sum(b * dims[f] for f, row in enumerate(batch_sizes) for b in row)
         index_dtype = torch.int32 if max(padded_elements, self.output_size) < 2**31 - 1 else torch.int64
 
         slot = torch.arange(self.max_B, dtype=torch.int64, device=device)
-        starts = self.B_offsets[:-1].to(torch.int64).unsqueeze(1)
-        counts = torch.tensor(per_feature, dtype=torch.int64, device=device).unsqueeze(1)
+        bounds = self.B_offsets.to(torch.int64)
+        starts, counts = bounds[:-1].unsqueeze(1), (bounds[1:] - bounds[:-1]).unsqueeze(1)
         self.offsets_map = torch.cat([(starts + torch.minimum(slot.unsqueeze(0), counts)).flatten(),
-                                      torch.tensor([total_bags], dtype=torch.int64, device=device)]).to(index_dtype)
+                                      torch.full((1,), total_bags, dtype=torch.int64, device=device)]).to(index_dtype)
 
-        # Per output block k = r * T + f: its size, its first row in feature f's padded bags, and D_f.
-        blocks = [(r, f) for r in range(R) for f in range(T)]
-        first_row = [sum(batch_sizes[f][:r]) for r, f in blocks]
-        block = torch.tensor([[batch_sizes[f][r] * dims[f], first_row[k] * total_D + D_offsets[f], dims[f]]
-                              for k, (r, f) in enumerate(blocks)], dtype=torch.int64, device=device)
-        sizes, padded_start, dim = block.unbind(1)
-        block_of = torch.repeat_interleave(torch.arange(len(blocks), device=device), sizes,
-                                           output_size=self.output_size)
-        block_start = torch.cumsum(sizes, 0) - sizes
-        local = torch.arange(self.output_size, dtype=torch.int64, device=device) - block_start[block_of]
-        d = dim[block_of]
-        self.output_map = (padded_start[block_of] + local // d * total_D + local % d).to(index_dtype)
-        self.inverse_map = torch.full((padded_elements,), self.output_size, dtype=index_dtype, device=device)
-        self.inverse_map[self.output_map] = torch.arange(self.output_size, dtype=index_dtype, device=device)
+        # Per output block (r, f), rank-major: its bag count B[f][r], where its first bag starts in the
+        # padded output (rank r's first bag of feature f is the feature's slot first_slot[f][r]), and D_f.
+        first_slot = []
+        for row in batch_sizes:
+            slots = [0]
+            for b in row[:-1]:
+                slots.append(slots[-1] + b)
+            first_slot.append(slots)
+        block = _host_to_device([[batch_sizes[f][r], first_slot[f][r] * total_D + D_offsets[f], dims[f]]
+                                 for r in range(R) for f in range(T)], torch.int64, device)
+        bags, padded_start, dim = block.view(R * T, 3).unbind(1)
+        # Then per output bag (row of D_f values): where it starts in the padded output and in the output.
+        block_of = torch.repeat_interleave(torch.arange(R * T, device=device), bags, output_size=total_bags)
+        bag_in_block = torch.arange(total_bags, device=device) - (torch.cumsum(bags, 0) - bags)[block_of]
+        row_padded_start = padded_start[block_of] + bag_in_block * total_D
+        row_dim = dim[block_of]
+        row_start = torch.cumsum(row_dim, 0) - row_dim
+        # And per output element: its row's padded start plus its column within the row.
+        row_of = torch.repeat_interleave(torch.arange(total_bags, device=device), row_dim,
+                                         output_size=self.output_size)
+        column = torch.arange(self.output_size, device=device) - row_start[row_of]
+        self.output_map = (row_padded_start[row_of] + column).to(index_dtype)
 
 
 class _GatherVBEOutput(torch.autograd.Function):
-    """The padded ``[max_B, total_D]`` output -> FBGEMM's 1-D VBE output, and its gradient back: both are
-    gathers (each padded element has at most one output element), so neither needs atomics or a fill
-    beyond one zero for the padded elements no bag owns."""
+    """The padded ``[max_B, total_D]`` output -> FBGEMM's 1-D VBE output (a gather), and its gradient back
+    (zeros for the empty slots, the output's gradient scattered to its rows). No two output elements share
+    a padded one, so the scatter writes each element at most once: no atomics, the same result every run
+    (autograd's own backward of index_select would accumulate instead)."""
 
     @staticmethod
-    def forward(ctx, padded, output_map, inverse_map):
-        ctx.inverse_map, ctx.padded_shape = inverse_map, padded.shape
+    def forward(ctx, padded, output_map):
+        ctx.save_for_backward(output_map)
+        ctx.padded_shape = padded.shape
         return padded.reshape(-1).index_select(0, output_map)
 
     @staticmethod
     def backward(ctx, grad):
-        extended = torch.cat([grad.reshape(-1), grad.new_zeros(1)])
-        return extended.index_select(0, ctx.inverse_map).view(ctx.padded_shape), None, None
+        (output_map,) = ctx.saved_tensors
+        padded_grad = grad.new_zeros(ctx.padded_shape.numel())
+        padded_grad.index_put_((output_map,), grad.reshape(-1))
+        return padded_grad.view(ctx.padded_shape), None
 
 
-# Distinct batch-size layouts kept per module (each holds index maps the size of its output).
-_VBE_LAYOUTS_KEPT = 8
+# Distinct batch-size layouts kept per module (each holds an index map the size of its output).
+_VBE_LAYOUTS_KEPT = 4
 
 
 class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
@@ -705,7 +725,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                                                                 feature_requires_grad, self.num_features)
         padded = super().forward(idx, padded_offsets, per_sample_weights)
         self.bounds_check_warning.copy_(warning)
-        return _GatherVBEOutput.apply(padded, layout.output_map, layout.inverse_map)
+        return _GatherVBEOutput.apply(padded, layout.output_map)
 
     def _vbe_layout(self, batch_sizes: Tuple[Tuple[int, ...], ...]) -> _VBELayout:
         device = self.weights.device
