@@ -7,6 +7,8 @@
   weights and optimizer states after several steps) for the optimizers both implement on the CPU
   (EXACT_SGD, EXACT_ROWWISE_ADAGRAD). Where FBGEMM's CPU path is wrong (documented in docs/fbgemm.md and
   pinned by the test_fbgemm_cpu_* tests below) the independent formula is the reference instead.
+- VBE (batch_size_per_feature_per_rank): the same, with FBGEMM's CPU VBE path as the oracle, and
+  F.embedding_bag per feature laid out by hand (vbe_reference_forward) as the formula.
 """
 import enum
 import inspect
@@ -867,7 +869,7 @@ def test_vbe_gpu_matches_cpu(optimizer):
         indices, offsets, psw = _vbe_batch(gen, specs, ftm, batch_sizes, max_len=4, weighted=True)
         outs = []
         for tbe, device in ((cpu, "cpu"), (gpu, "cuda")):
-            p = psw.to(device).requires_grad_()
+            p = psw.detach().to(device).clone().requires_grad_()
             out = tbe(indices.to(device), offsets.to(device), p, batch_size_per_feature_per_rank=batch_sizes)
             out.backward(torch.arange(out.numel(), dtype=torch.float32, device=device).sin())
             outs.append((out.detach().cpu(), p.grad.cpu()))
