@@ -14,7 +14,9 @@ What hipdlrm implements takes effect; an argument asking for something it does n
 """
 from __future__ import annotations
 
+import collections
 import enum
+import operator
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -313,6 +315,130 @@ class _MaskPerSampleWeightGrad(torch.autograd.Function):
         return grad * keep.to(grad.dtype), None, None, None
 
 
+def _batch_sizes(value, num_features: int, num_bags: int) -> Tuple[Tuple[int, ...], ...]:
+    """``batch_size_per_feature_per_rank`` checked against the module and ``offsets``, as a hashable key."""
+    name = "batch_size_per_feature_per_rank"
+    if isinstance(value, (str, bytes, torch.Tensor)) or not isinstance(value, Sequence):
+        raise ValueError(f"{name} must be a list of {num_features} lists (one per feature) of per-rank batch "
+                         f"sizes, got {type(value).__name__}")
+    if len(value) != num_features:
+        raise ValueError(f"{name} must have one list per feature ({num_features}), got {len(value)} lists")
+    rows = []
+    for f, per_rank in enumerate(value):
+        if isinstance(per_rank, (str, bytes)) or not isinstance(per_rank, Sequence) or len(per_rank) == 0:
+            raise ValueError(f"{name}[{f}] must be a non-empty list of per-rank batch sizes, got {per_rank!r}")
+        row = []
+        for r, b in enumerate(per_rank):
+            try:
+                if isinstance(b, bool):
+                    raise TypeError
+                b = operator.index(b)
+            except TypeError:
+                raise ValueError(f"{name}[{f}][{r}] must be an int, got {b!r}") from None
+            if b < 0:
+                raise ValueError(f"{name}[{f}][{r}] = {b}: batch sizes must be >= 0")
+            row.append(b)
+        rows.append(tuple(row))
+    if any(len(row) != len(rows[0]) for row in rows):
+        raise ValueError(f"{name} must give every feature the same number of ranks, got "
+                         f"{[len(row) for row in rows]}")
+    total = sum(sum(row) for row in rows)
+    if total != num_bags:
+        raise ValueError(f"{name} sums to {total} bags but offsets has {num_bags + 1} entries ({num_bags} bags); "
+                         f"offsets must have sum(batch sizes) + 1 = {total + 1} entries")
+    return tuple(rows)
+
+
+def _host_to_device(values, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host-built table on ``device``; to a GPU through pinned memory, so the copy is queued on the
+    stream instead of waiting for it."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+class _VBELayout:
+    """How one ``batch_size_per_feature_per_rank`` maps onto the fixed-batch lookup, built once per distinct
+    value on the tables' device from sizes known on the host (no tensor value is read back).
+
+    The lookup runs on T x max_B bags, max_B = max_f sum_r B[f][r]: slot b of feature f is the feature's
+    b-th bag (its ranks' bags in order) for b < B_f, an empty bag after that. ``offsets_map`` picks, for
+    each of the T * max_B + 1 padded offsets, the VBE offset it equals (an empty slot repeats the feature's
+    end), so the padded offsets are one gather of the caller's. ``output_map`` gives, for each element of
+    FBGEMM's VBE output (rank-major, then feature: block (r, f) holds B[f][r] x D_f values), its position
+    in the flattened ``[max_B, total_D]`` padded output (no two share one)."""
+
+    def __init__(self, batch_sizes: Tuple[Tuple[int, ...], ...], dims: List[int], device: torch.device) -> None:
+        T, R = len(batch_sizes), len(batch_sizes[0])
+        per_feature = [sum(row) for row in batch_sizes]
+        self.max_B = max(per_feature)
+        B_offsets = [0]
+        for b in per_feature:
+            B_offsets.append(B_offsets[-1] + b)
+        D_offsets = [0]
+        for d in dims:
+            D_offsets.append(D_offsets[-1] + d)
+        total_D, total_bags = D_offsets[-1], B_offsets[-1]
+        self.B_offsets = _host_to_device(B_offsets, torch.int32, device)
+        padded_elements = self.max_B * total_D
+        self.output_size = sum(b * dims[f] for f, row in enumerate(batch_sizes) for b in row)
+        index_dtype = torch.int32 if max(padded_elements, self.output_size) < 2**31 - 1 else torch.int64
+
+        slot = torch.arange(self.max_B, dtype=torch.int64, device=device)
+        bounds = self.B_offsets.to(torch.int64)
+        starts, counts = bounds[:-1].unsqueeze(1), (bounds[1:] - bounds[:-1]).unsqueeze(1)
+        self.offsets_map = torch.cat([(starts + torch.minimum(slot.unsqueeze(0), counts)).flatten(),
+                                      torch.full((1,), total_bags, dtype=torch.int64, device=device)]).to(index_dtype)
+
+        # Per output block (r, f), rank-major: its bag count B[f][r], where its first bag starts in the
+        # padded output (rank r's first bag of feature f is the feature's slot first_slot[f][r]), and D_f.
+        first_slot = []
+        for row in batch_sizes:
+            slots = [0]
+            for b in row[:-1]:
+                slots.append(slots[-1] + b)
+            first_slot.append(slots)
+        block = _host_to_device([[batch_sizes[f][r], first_slot[f][r] * total_D + D_offsets[f], dims[f]]
+                                 for r in range(R) for f in range(T)], torch.int64, device)
+        bags, padded_start, dim = block.view(R * T, 3).unbind(1)
+        # Then per output bag (row of D_f values): where it starts in the padded output and in the output.
+        block_of = torch.repeat_interleave(torch.arange(R * T, device=device), bags, output_size=total_bags)
+        bag_in_block = torch.arange(total_bags, device=device) - (torch.cumsum(bags, 0) - bags)[block_of]
+        row_padded_start = padded_start[block_of] + bag_in_block * total_D
+        row_dim = dim[block_of]
+        row_start = torch.cumsum(row_dim, 0) - row_dim
+        # And per output element: its row's padded start plus its column within the row.
+        row_of = torch.repeat_interleave(torch.arange(total_bags, device=device), row_dim,
+                                         output_size=self.output_size)
+        column = torch.arange(self.output_size, device=device) - row_start[row_of]
+        self.output_map = (row_padded_start[row_of] + column).to(index_dtype)
+
+
+class _GatherVBEOutput(torch.autograd.Function):
+    """The padded ``[max_B, total_D]`` output -> FBGEMM's 1-D VBE output (a gather), and its gradient back
+    (zeros for the empty slots, the output's gradient scattered to its rows). No two output elements share
+    a padded one, so the scatter writes each element at most once: no atomics, the same result every run
+    (autograd's own backward of index_select would accumulate instead)."""
+
+    @staticmethod
+    def forward(ctx, padded, output_map):
+        ctx.save_for_backward(output_map)
+        ctx.padded_shape = padded.shape
+        return padded.reshape(-1).index_select(0, output_map)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (output_map,) = ctx.saved_tensors
+        padded_grad = grad.new_zeros(ctx.padded_shape.numel())
+        padded_grad.index_put_((output_map,), grad.reshape(-1))
+        return padded_grad.view(ctx.padded_shape), None
+
+
+# Distinct batch-size layouts kept per module (each holds an index map the size of its output).
+_VBE_LAYOUTS_KEPT = 4
+
+
 class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
     """FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` (fbgemm-gpu 1.8.0's signature) on hipdlrm.
 
@@ -498,6 +624,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         self.embedding_table_offset_type: torch.dtype = embedding_table_offset_type
         self.bounds_check_mode_int: int = int(_BOUNDS_CHECK_MODES[fbgemm_bounds_check_mode])
         self.current_device: torch.device = self.weights.device
+        # batch_size_per_feature_per_rank -> its _VBELayout, least recently used first.
+        self._vbe_layouts: "collections.OrderedDict[Any, _VBELayout]" = collections.OrderedDict()
 
     # ---- forward --------------------------------------------------------------------------------------
 
@@ -520,10 +648,16 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         indices' dtype and per-sample weights become fp32 (their gradient flows back through the cast).
         ``feature_requires_grad`` (one flag per feature) zeroes the per-sample-weight gradient of the
         features whose flag is 0.
+
+        ``batch_size_per_feature_per_rank`` (VBE, SUM / MEAN): ``B[f][r]`` bags of feature ``f`` from rank
+        ``r``; ``offsets`` holds ``sum(B) + 1`` entries, feature by feature and, within a feature, rank by
+        rank. The output is FBGEMM's 1-D VBE layout: rank by rank, then feature by feature, ``B[f][r] x D_f``
+        values each (bag-major). The bounds check runs in its VBE mode (``B_offsets``, ``max_B``).
         """
-        if batch_size_per_feature_per_rank is not None or vbe_output is not None or vbe_output_offsets is not None:
-            raise NotImplementedError("variable batch sizes per feature (batch_size_per_feature_per_rank, vbe_output, "
-                                      "vbe_output_offsets) are not supported by hipdlrm yet; pass None")
+        if vbe_output is not None or vbe_output_offsets is not None:
+            raise NotImplementedError("vbe_output / vbe_output_offsets (a pre-allocated VBE output, FBGEMM's GPU-only "
+                                      "TBE API v2) are not supported by hipdlrm; pass None (the forward returns the "
+                                      "VBE output)")
         if hash_zch_identities is not None or hash_zch_runtime_meta is not None:
             raise NotImplementedError("hash_zch_identities / hash_zch_runtime_meta feed raw embedding streaming, "
                                       "which hipdlrm does not implement; pass None")
@@ -537,6 +671,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         if self.embedding_table_index_type == torch.int32:
             indices = indices.to(torch.int32)
         offsets = offsets.to(indices.dtype)
+        mask_features = False
         if per_sample_weights is not None:
             if not isinstance(per_sample_weights, torch.Tensor) or not per_sample_weights.is_floating_point():
                 raise ValueError(f"per_sample_weights must be a floating-point tensor, got {per_sample_weights!r}")
@@ -546,9 +681,66 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                         self.num_features,):
                     raise ValueError(f"feature_requires_grad must be a tensor of {self.num_features} flags (one per "
                                      f"feature), got {feature_requires_grad!r}")
-                per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, offsets,
-                                                                    feature_requires_grad, self.num_features)
+                mask_features = True
+        if batch_size_per_feature_per_rank is not None:
+            return self._forward_vbe(indices, offsets, per_sample_weights,
+                                     feature_requires_grad if mask_features else None, batch_size_per_feature_per_rank)
+        if mask_features:
+            per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, offsets, feature_requires_grad,
+                                                                self.num_features)
         return super().forward(indices, offsets, per_sample_weights)
+
+    def _forward_vbe(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor],
+                     feature_requires_grad: Optional[torch.Tensor], batch_size_per_feature_per_rank) -> torch.Tensor:
+        """VBE on the fixed-batch lookup: the VBE-mode bounds check on the caller's tensors, the padded
+        offsets gathered from them, the lookup of T x max_B bags (the padded slots are empty bags, which add
+        nothing to the forward, the gradient or the update) and the valid rows gathered into FBGEMM's
+        layout. The lookup checks the padded offsets again; after the first check repaired the caller's
+        tensors, that check finds nothing, so ``bounds_check_warning`` is given the first check's count."""
+        if self.pooling_mode == PoolingMode.NONE:
+            raise NotImplementedError("batch_size_per_feature_per_rank (VBE) with PoolingMode.NONE is not supported "
+                                      "(FBGEMM does not support it either); use SUM or MEAN, or pass None")
+        device = self.weights.device
+        for name, t in (("indices", indices), ("offsets", offsets)):
+            if t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
+                raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got {t.dtype} tensor of shape "
+                                 f"{tuple(t.shape)}")
+            if t.device != device:
+                raise ValueError(f"{name} is on {t.device} but the tables are on {device}")
+        if offsets.numel() < 1:
+            raise ValueError("offsets must have sum(batch_size_per_feature_per_rank) + 1 entries, got 0")
+        layout = self._vbe_layout(_batch_sizes(batch_size_per_feature_per_rank, self.num_features,
+                                               offsets.numel() - 1))
+        idx, off = indices.contiguous(), offsets.contiguous()
+        warning = torch.zeros_like(self.bounds_check_warning)
+        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode), warning,
+                                               None, layout.B_offsets, layout.max_B)
+        if self.bounds_check_mode != _HipBoundsCheckMode.FATAL:
+            if idx is not indices:
+                indices.copy_(idx)
+            if off is not offsets:
+                offsets.copy_(off)
+        padded_offsets = off.index_select(0, layout.offsets_map)
+        if feature_requires_grad is not None:
+            per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, padded_offsets,
+                                                                feature_requires_grad, self.num_features)
+        padded = super().forward(idx, padded_offsets, per_sample_weights)
+        self.bounds_check_warning.copy_(warning)
+        return _GatherVBEOutput.apply(padded, layout.output_map)
+
+    def _vbe_layout(self, batch_sizes: Tuple[Tuple[int, ...], ...]) -> _VBELayout:
+        device = self.weights.device
+        key = (batch_sizes, str(device))
+        layout = self._vbe_layouts.get(key)
+        if layout is None:
+            dims = [self.embedding_specs[t][1] for t in self.feature_table_map]
+            layout = _VBELayout(batch_sizes, dims, device)
+            self._vbe_layouts[key] = layout
+            if len(self._vbe_layouts) > _VBE_LAYOUTS_KEPT:
+                self._vbe_layouts.popitem(last=False)
+        else:
+            self._vbe_layouts.move_to_end(key)
+        return layout
 
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, forward_stream: Optional[Any] = None,
                  batch_size_per_feature_per_rank: Optional[List[List[int]]] = None) -> None:

@@ -144,13 +144,14 @@ class HipdlrmFusedEmbeddingBag(BatchedFusedEmbeddingBag):
 
     def forward(self, features: KeyedJaggedTensor, vbe_output: Optional[torch.Tensor] = None,
                 vbe_output_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
-        if features.variable_stride_per_key():
-            raise NotImplementedError("features with their own batch sizes (variable_stride_per_key, VBE) are not "
-                                      "supported by hipdlrm's TBE yet; give every feature the same batch size")
         if vbe_output is not None or vbe_output_offsets is not None:
-            raise NotImplementedError("vbe_output / vbe_output_offsets (VBE) are not supported by hipdlrm's TBE "
-                                      "yet; pass None")
+            raise NotImplementedError("vbe_output / vbe_output_offsets (TorchRec passes them when a rank has more "
+                                      "than one TBE group and features with their own batch sizes) are not "
+                                      "supported by hipdlrm's TBE; give the tables one set of fused_params, dtype "
+                                      "and pooling per rank, or every feature the same batch size")
         try:
+            if features.variable_stride_per_key():
+                return self._forward_vbe(features)
             return super().forward(features)
         except RuntimeError as exc:
             if "bounds_check_indices" not in str(exc):
@@ -158,6 +159,17 @@ class HipdlrmFusedEmbeddingBag(BatchedFusedEmbeddingBag):
             # hipdlrm's report counts tables within this kernel; name them as the script does.
             raise RuntimeError(f"{exc} [TorchRec tables of this kernel on rank {dist.get_rank(self._pg)}: "
                                f"{self._table_names_for_report()}]") from exc
+
+    def _forward_vbe(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        # TorchRec's BaseBatchedEmbeddingBag.forward passes the per-rank batch sizes only to FBGEMM's own
+        # classes (an isinstance test); this passes what it passes them.
+        weights = features.weights_or_none()
+        if weights is not None and not torch.is_floating_point(weights):
+            weights = None
+        return self._emb_module(indices=features.values().to(self._embedding_table_index_type),
+                                offsets=features.offsets().to(self._embedding_table_offset_type),
+                                per_sample_weights=weights,
+                                batch_size_per_feature_per_rank=features.stride_per_key_per_rank())
 
     def _table_names_for_report(self) -> str:
         parts = []

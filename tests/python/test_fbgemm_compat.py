@@ -7,6 +7,8 @@
   weights and optimizer states after several steps) for the optimizers both implement on the CPU
   (EXACT_SGD, EXACT_ROWWISE_ADAGRAD). Where FBGEMM's CPU path is wrong (documented in docs/fbgemm.md and
   pinned by the test_fbgemm_cpu_* tests below) the independent formula is the reference instead.
+- VBE (batch_size_per_feature_per_rank): the same, with FBGEMM's CPU VBE path as the oracle, and
+  F.embedding_bag per feature laid out by hand (vbe_reference_forward) as the formula.
 """
 import enum
 import inspect
@@ -309,11 +311,12 @@ def test_weight_decay_as_fbgemm_applies_it():
 # ---- forward arguments ------------------------------------------------------------------------------------
 
 
-def test_forward_rejects_vbe_and_streaming_inputs():
+def test_forward_rejects_preallocated_vbe_output_and_streaming_inputs():
     tbe = _make()
     idx, off = torch.tensor([1, 2]), torch.tensor([0, 1, 2])
-    with pytest.raises(NotImplementedError, match="batch_size_per_feature_per_rank.*not supported by hipdlrm yet"):
-        tbe(idx, off, batch_size_per_feature_per_rank=[[1], [1]])
+    with pytest.raises(NotImplementedError, match="vbe_output"):
+        tbe(idx, off, batch_size_per_feature_per_rank=[[1], [1]], vbe_output=torch.zeros(12),
+            vbe_output_offsets=torch.tensor([[0, 4]]))
     with pytest.raises(NotImplementedError, match="vbe_output"):
         tbe(idx, off, vbe_output=torch.zeros(1, 12))
     with pytest.raises(NotImplementedError, match="hash_zch_identities"):
@@ -379,15 +382,25 @@ class Reference:
             cols.append(torch.stack(bags))
         return torch.cat(cols, 1)
 
-    def train_step(self, indices, offsets, psw, grad_out):
+    def train_step(self, indices, offsets, psw, grad_out, batch_sizes=None):
         tables = [t.clone().requires_grad_() for t in self.tables]
         psw64 = None if psw is None else psw.detach().double().requires_grad_()
-        out = self.forward(tables, indices, offsets, psw64)
+        if batch_sizes is None:
+            out = self.forward(tables, indices, offsets, psw64)
+        else:
+            out = vbe_reference_forward(tables, self.ftm, self.pooling, indices, offsets, psw64, batch_sizes)
         out.backward(grad_out.double())
         self.step += 1
-        T, B = len(self.ftm), (offsets.numel() - 1) // len(self.ftm)
+        T = len(self.ftm)
+        if batch_sizes is None:
+            B = (offsets.numel() - 1) // T
+            first_bag = [f * B for f in range(T + 1)]
+        else:
+            first_bag = [0]
+            for row in batch_sizes:
+                first_bag.append(first_bag[-1] + sum(row))
         for t, table in enumerate(tables):
-            looked_up = torch.cat([indices[int(offsets[f * B]):int(offsets[(f + 1) * B])]
+            looked_up = torch.cat([indices[int(offsets[first_bag[f]]):int(offsets[first_bag[f + 1]])]
                                    for f in range(T) if self.ftm[f] == t]).unique()
             for r in looked_up.tolist():
                 self._update(t, r, table.grad[r])
@@ -423,6 +436,41 @@ class Reference:
         return []
 
 
+def vbe_reference_forward(tables, ftm, pooling, indices, offsets, psw, batch_sizes):
+    """FBGEMM's VBE output built by hand: per feature, a plain F.embedding_bag over that feature's bags
+    (its ranks' bags in order), then the [B[f][r], D_f] blocks laid out rank by rank, feature by feature."""
+    pooled, bag = [], 0
+    for f, t in enumerate(ftm):
+        count = sum(batch_sizes[f])
+        bounds = offsets[bag:bag + count + 1]
+        start, end = int(bounds[0]), int(bounds[-1])
+        weights = None if psw is None else psw[start:end]
+        sums = torch.nn.functional.embedding_bag(indices[start:end], tables[t], bounds - start, mode="sum",
+                                                 per_sample_weights=weights, include_last_offset=True)
+        if int(pooling) == int(hf.PoolingMode.MEAN):
+            sums = sums / (bounds[1:] - bounds[:-1]).clamp(min=1).to(sums.dtype).unsqueeze(1)
+        pooled.append(sums)
+        bag += count
+    blocks = []
+    for r in range(len(batch_sizes[0])):
+        for f in range(len(ftm)):
+            first = sum(batch_sizes[f][:r])
+            blocks.append(pooled[f][first:first + batch_sizes[f][r]].reshape(-1))
+    return torch.cat(blocks)
+
+
+def _vbe_batch(gen, specs, ftm, batch_sizes, max_len, weighted):
+    """A VBE batch: sum(batch_sizes) bags, feature by feature and within a feature rank by rank."""
+    bag_feature = [f for f, row in enumerate(batch_sizes) for _ in range(sum(row))]
+    lengths = torch.randint(0, max_len + 1, (len(bag_feature),), generator=gen)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+    indices = torch.cat([torch.zeros(0, dtype=torch.int64)] +
+                        [torch.randint(0, specs[ftm[f]][0], (int(n),), generator=gen)
+                         for f, n in zip(bag_feature, lengths.tolist())])
+    psw = torch.rand(indices.numel(), generator=gen) if weighted else None
+    return indices, offsets, psw
+
+
 def _batch(gen, specs, ftm, B, max_len, weighted):
     lengths = torch.randint(0, max_len + 1, (len(ftm) * B,), generator=gen)
     offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
@@ -444,9 +492,12 @@ def _tolerances(weights_dtype):
     return dict(rtol=1e-5, atol=1e-6) if weights_dtype == torch.float32 else dict(rtol=0, atol=2 ** -9)
 
 
-def _train_and_compare(make_oracle, specs, ftm, pooling, weighted, optimizer, weights_dtype, steps=4, **opt_kwargs):
+def _train_and_compare(make_oracle, specs, ftm, pooling, weighted, optimizer, weights_dtype, steps=4,
+                       vbe_batch_sizes=None, **opt_kwargs):
     """Trains hipdlrm's class and an oracle (FBGEMM's module, or Reference) on the same batches; compares
-    every step's output and per-sample-weight gradient, then the weights and optimizer states."""
+    every step's output and per-sample-weight gradient, then the weights and optimizer states. With
+    ``vbe_batch_sizes`` (a list of batch_size_per_feature_per_rank values, used in turn) the batches are
+    VBE batches."""
     gen = torch.Generator().manual_seed(1234)
     tbe = hf.SplitTableBatchedEmbeddingBagsCodegen(
         [(r, d) + CPU_SPEC for r, d in specs], feature_table_map=ftm, optimizer=optimizer,
@@ -461,13 +512,25 @@ def _train_and_compare(make_oracle, specs, ftm, pooling, weighted, optimizer, we
         # small fraction of the step size instead of the weight.
         tol = dict(rtol=1e-5, atol=1e-5)
     psw_tol = dict(rtol=1e-5, atol=1e-5) if weights_dtype == torch.float32 else dict(rtol=2e-3, atol=2e-3)
-    for _ in range(steps):
-        indices, offsets, psw = _batch(gen, specs, ftm, B=3, max_len=4, weighted=weighted)
-        grad = torch.randn(3, sum(specs[t][1] for t in ftm), generator=gen)
+    for step in range(steps):
+        vbe = {}
+        if vbe_batch_sizes is None:
+            indices, offsets, psw = _batch(gen, specs, ftm, B=3, max_len=4, weighted=weighted)
+            grad = torch.randn(3, sum(specs[t][1] for t in ftm), generator=gen)
+        else:
+            batch_sizes = vbe_batch_sizes[step % len(vbe_batch_sizes)]
+            vbe = dict(batch_sizes=batch_sizes)
+            indices, offsets, psw = _vbe_batch(gen, specs, ftm, batch_sizes, max_len=4, weighted=weighted)
+            grad = torch.randn(sum(b * specs[ftm[f]][1] for f, row in enumerate(batch_sizes) for b in row),
+                               generator=gen)
         psw_ours = None if psw is None else psw.clone().requires_grad_()
-        out = tbe(indices.clone(), offsets.clone(), psw_ours)
+        if vbe:
+            out = tbe(indices.clone(), offsets.clone(), psw_ours, batch_size_per_feature_per_rank=vbe["batch_sizes"])
+        else:
+            out = tbe(indices.clone(), offsets.clone(), psw_ours)
         out.backward(grad)
-        out_oracle, psw_grad_oracle = oracle.train_step(indices, offsets, psw, grad)
+        out_oracle, psw_grad_oracle = oracle.train_step(indices, offsets, psw, grad, **vbe)
+        assert out.shape == out_oracle.shape
         torch.testing.assert_close(out.double(), out_oracle.double(), **tol)
         if weighted:
             torch.testing.assert_close(psw_ours.grad.double(), psw_grad_oracle.double(), **psw_tol)
@@ -487,8 +550,8 @@ class ReferenceOracle:
         self.ref = Reference(tbe.split_embedding_weights(), tbe.feature_table_map, pooling, optimizer,
                              tbe.get_learning_rate(), weights_dtype=weights_dtype, **kwargs)
 
-    def train_step(self, indices, offsets, psw, grad):
-        return self.ref.train_step(indices, offsets, psw, grad)
+    def train_step(self, indices, offsets, psw, grad, batch_sizes=None):
+        return self.ref.train_step(indices, offsets, psw, grad, batch_sizes)
 
     def weights(self):
         return self.ref.tables
@@ -508,9 +571,9 @@ class FbgemmOracle:
         for theirs, ours in zip(self.module.split_embedding_weights(), tbe.split_embedding_weights()):
             theirs.copy_(ours)
 
-    def train_step(self, indices, offsets, psw, grad):
+    def train_step(self, indices, offsets, psw, grad, batch_sizes=None):
         psw = None if psw is None else psw.clone().requires_grad_()
-        out = self.module(indices.clone(), offsets.clone(), psw)
+        out = self.module(indices.clone(), offsets.clone(), psw, batch_size_per_feature_per_rank=batch_sizes)
         out.backward(grad)
         return out.detach(), None if psw is None else psw.grad
 
@@ -595,6 +658,233 @@ def test_adam_matches_the_formula(weights_dtype, layout, pooling, weighted):
     opt = hf.EmbOptimType.ADAM
     _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, beta1=0.8, beta2=0.95),
                        specs, ftm, pooling, weighted, opt, weights_dtype, learning_rate=0.05, beta1=0.8, beta2=0.95)
+
+
+# ---- variable batch size per feature (VBE) ------------------------------------------------------------------
+# Two "ranks", batch sizes that differ per feature and per rank, a feature with no bag on one rank; the steps
+# alternate between two batch-size lists (the module keeps a layout per list).
+
+VBE_BATCH_SIZES = {
+    "mixed_dims": [[[2, 3], [0, 4], [3, 1]], [[1, 1], [2, 0], [4, 3]]],
+    "shared_tables": [[[2, 3], [1, 0], [4, 2], [0, 3], [2, 2]], [[3, 1], [2, 2], [0, 1], [1, 0], [2, 3]]],
+}
+
+VBE_CASES = [(o, dt, layout, p, w)
+             for o in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.ADAM)
+             for dt in (torch.float32, torch.float16)
+             for layout in LAYOUTS
+             for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN)
+             for w in (False, True)]
+
+
+@pytest.mark.parametrize("optimizer, weights_dtype, layout, pooling, weighted", VBE_CASES,
+                         ids=[f"{o.name}-{str(dt)[6:]}-{layout}-{p.name}-{'weighted' if w else 'unweighted'}"
+                              for o, dt, layout, p, w in VBE_CASES])
+def test_vbe_training_matches_fbgemm_cpu(optimizer, weights_dtype, layout, pooling, weighted):
+    """Outputs, per-sample-weight gradients, then tables and optimizer states after 3 VBE steps: against
+    FBGEMM's CPU module where it computes VBE right, else against F.embedding_bag per feature + the update
+    formulas (FBGEMM's CPU module has no Adam, and is wrong for the cases _fbgemm_cpu_is_wrong lists)."""
+    specs, ftm = LAYOUTS[layout]
+    kwargs = dict(learning_rate=0.1, eps=1e-8)
+    if optimizer == hf.EmbOptimType.ADAM:
+        kwargs.update(beta1=0.8, beta2=0.95)
+    if (FBGEMM is None or optimizer == hf.EmbOptimType.ADAM
+            or _fbgemm_cpu_is_wrong(optimizer, layout, pooling, weighted, hf.WeightDecayMode.NONE)):
+        reference_kwargs = {k: v for k, v in kwargs.items() if k != "learning_rate"}
+
+        def make(tbe):
+            return ReferenceOracle(tbe, optimizer, pooling, weights_dtype, **reference_kwargs)
+    else:
+        def make(tbe):
+            return FbgemmOracle(tbe, specs, ftm, optimizer, pooling, weights_dtype, **kwargs)
+    _train_and_compare(make, specs, ftm, pooling, weighted, optimizer, weights_dtype, steps=3,
+                       vbe_batch_sizes=VBE_BATCH_SIZES[layout], **kwargs)
+
+
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD])
+def test_vbe_weight_decay_and_sgd_match_the_formula(optimizer):
+    # SGD runs as EXACT_SGD (FBGEMM itself rejects SGD with VBE); row-wise Adagrad with FBGEMM's L2 formula.
+    specs, ftm = LAYOUTS["shared_tables"]
+    wd = dict(weight_decay=0.05, weight_decay_mode=hf.WeightDecayMode.L2) \
+        if optimizer == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD else {}
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, optimizer, hf.PoolingMode.SUM, torch.float32,
+                                                   **{k: int(v) if k.endswith("mode") else v for k, v in wd.items()}),
+                       specs, ftm, hf.PoolingMode.SUM, True, optimizer, torch.float32, steps=3,
+                       vbe_batch_sizes=VBE_BATCH_SIZES["shared_tables"], learning_rate=0.1, **wd)
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("pooling", [hf.PoolingMode.SUM, hf.PoolingMode.MEAN])
+def test_vbe_forward_matches_fbgemm_cpu_layout(pooling):
+    # Three ranks, a feature with no bag at all, shared tables, mixed dims: FBGEMM's own forward is the
+    # oracle of the output layout (it computes the VBE forward right on the CPU).
+    specs, ftm = [(13, 4), (9, 8), (11, 12)], [0, 1, 2, 1]
+    batch_sizes = [[2, 0, 1], [0, 0, 0], [1, 3, 2], [4, 1, 0]]
+    gen = torch.Generator().manual_seed(5)
+    ours = _make(specs=specs, feature_table_map=ftm, pooling_mode=pooling)
+    theirs = _fbgemm_cpu(specs, ftm, pooling_mode=FBGEMM.PoolingMode(int(pooling)))
+    for a, b in zip(ours.split_embedding_weights(), theirs.split_embedding_weights()):
+        a.copy_(torch.rand(a.shape, generator=gen))
+        b.copy_(a)
+    indices, offsets, _ = _vbe_batch(gen, specs, ftm, batch_sizes, max_len=3, weighted=False)
+    out = ours(indices, offsets, batch_size_per_feature_per_rank=batch_sizes)
+    expected = theirs(indices, offsets, batch_size_per_feature_per_rank=batch_sizes)
+    assert out.shape == expected.shape == (sum(b * specs[ftm[f]][1] for f, r in enumerate(batch_sizes) for b in r),)
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_vbe_one_bag_per_rank_is_the_fixed_batch_output_flattened():
+    # B ranks of one bag each: block (r, f) is bag r of feature f, so FBGEMM's VBE layout is the
+    # fixed-batch [B, total_D] output, row by row.
+    specs, ftm = LAYOUTS["shared_tables"]
+    gen = torch.Generator().manual_seed(11)
+    tbe = hf.SplitTableBatchedEmbeddingBagsCodegen([(r, d) + CPU_SPEC for r, d in specs], feature_table_map=ftm)
+    tbe.init_embedding_weights_uniform(-1, 1)
+    indices, offsets, psw = _batch(gen, specs, ftm, B=4, max_len=3, weighted=True)
+    with torch.no_grad():
+        fixed = tbe(indices, offsets, psw)
+        vbe = tbe(indices, offsets, psw, batch_size_per_feature_per_rank=[[1] * 4] * len(ftm))
+    torch.testing.assert_close(vbe, fixed.reshape(-1), rtol=0, atol=0)
+
+
+def test_vbe_optimizer_none_gives_the_tables_gradient():
+    specs, ftm = LAYOUTS["shared_tables"]
+    batch_sizes = VBE_BATCH_SIZES["shared_tables"][0]
+    gen = torch.Generator().manual_seed(8)
+    tbe = hf.SplitTableBatchedEmbeddingBagsCodegen([(r, d) + CPU_SPEC for r, d in specs], feature_table_map=ftm,
+                                                   optimizer=hf.EmbOptimType.NONE)
+    tbe.init_embedding_weights_uniform(-1, 1)
+    indices, offsets, psw = _vbe_batch(gen, specs, ftm, batch_sizes, max_len=4, weighted=True)
+    out = tbe(indices, offsets, psw, batch_size_per_feature_per_rank=batch_sizes,
+              total_unique_indices=indices.numel())
+    grad = torch.randn(out.shape, generator=gen)
+    out.backward(grad)
+    tables = [t.detach().double().requires_grad_() for t in tbe.split_embedding_weights()]
+    vbe_reference_forward(tables, ftm, hf.PoolingMode.SUM, indices, offsets, psw.double(),
+                          batch_sizes).backward(grad.double())
+    dense = tbe.weights.grad.to_dense()
+    for view, table in zip(tbe.split_embedding_weights(), tables):
+        start = view.storage_offset()
+        ours = dense[start:start + view.numel()].view(view.shape)
+        torch.testing.assert_close(ours.double(), table.grad, rtol=1e-6, atol=1e-6)
+
+
+def test_vbe_feature_requires_grad():
+    specs, ftm = [(10, 4), (7, 8)], [0, 1, 0]
+    batch_sizes = [[1, 2], [0, 2], [1, 0]]
+    indices = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    offsets = torch.tensor([0, 2, 3, 3, 5, 6, 8])  # feature 1 owns positions 3 .. 5
+    tbe = _make(specs=specs, feature_table_map=ftm)
+    tbe.init_embedding_weights_uniform(-1, 1)
+    plain = _make(specs=specs, feature_table_map=ftm)
+    plain.load_state_dict(tbe.state_dict())
+    psw = torch.rand(8, requires_grad=True)
+    psw_all = psw.detach().clone().requires_grad_()
+    grad = torch.randn(3 * 4 + 2 * 8 + 1 * 4)
+    tbe(indices, offsets, psw, feature_requires_grad=torch.tensor([1, 0, 1]),
+        batch_size_per_feature_per_rank=batch_sizes).backward(grad)
+    plain(indices, offsets, psw_all, batch_size_per_feature_per_rank=batch_sizes).backward(grad)
+    expected = psw_all.grad.clone()
+    expected[3:6] = 0
+    assert float(psw_all.grad[3:6].abs().sum()) > 0
+    torch.testing.assert_close(psw.grad, expected)
+
+
+def test_vbe_bounds_check_runs_on_the_vbe_layout():
+    # Feature 0 (table of 3 rows) has 1 bag, feature 1 (12 rows) has 3: index 7 is valid in feature 1 only.
+    specs = [(3, 4), (12, 4)]
+    indices = torch.tensor([7, 1, 7, 2, 11])
+    offsets = torch.tensor([0, 1, 3, 4, 9])  # the last offset is past the 5 indices
+    tbe = _make(specs=specs, bounds_check_mode=hf.BoundsCheckMode.WARNING)
+    out = tbe(indices, offsets, batch_size_per_feature_per_rank=[[1, 0], [2, 1]])
+    assert indices.tolist() == [0, 1, 7, 2, 11] and offsets.tolist() == [0, 1, 3, 4, 5]  # repaired in place
+    assert int(tbe.bounds_check_warning[0]) == 2
+    assert out.shape == (4 + 3 * 4,)
+    fatal = _make(specs=specs, bounds_check_mode=hf.BoundsCheckMode.FATAL)
+    with pytest.raises(RuntimeError, match="bounds_check_indices"):
+        fatal(torch.tensor([1, 1, 7, 2, 12]), torch.tensor([0, 1, 3, 4, 5]),
+              batch_size_per_feature_per_rank=[[1, 0], [2, 1]])
+    fatal(torch.tensor([1, 1, 7, 2, 11]), torch.tensor([0, 1, 3, 4, 5]),
+          batch_size_per_feature_per_rank=[[1, 0], [2, 1]])
+
+
+def test_vbe_with_no_bags_and_layout_reuse():
+    tbe = _make(optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD)
+    tbe.init_embedding_weights_uniform(-1, 1)
+    before = [w.clone() for w in tbe.split_embedding_weights()]
+    out = tbe(torch.zeros(0, dtype=torch.int64), torch.zeros(1, dtype=torch.int64),
+              batch_size_per_feature_per_rank=[[0, 0], [0, 0]])
+    assert out.shape == (0,)
+    out.sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(before, tbe.split_embedding_weights()))
+    for b in range(12):  # each distinct list builds a layout; the module keeps a bounded number of them
+        tbe(torch.zeros(b + 1, dtype=torch.int64), torch.tensor([0, b + 1]),
+            batch_size_per_feature_per_rank=[[1, 0], [0, 0]] if b % 2 else [[0, 0], [1, 0]])
+        tbe(torch.zeros(0, dtype=torch.int64), torch.zeros(b + 2, dtype=torch.int64),
+            batch_size_per_feature_per_rank=[[b, 0], [0, 1]])
+    assert 0 < len(tbe._vbe_layouts) <= hf._VBE_LAYOUTS_KEPT
+
+
+BAD_VBE = [
+    ([[1, 1]], "must have one list per feature \\(2\\), got 1"),
+    ([[1, 1], [1]], "same number of ranks"),
+    ([[1, 1], []], "batch_size_per_feature_per_rank\\[1\\] must be a non-empty list"),
+    ([[1, 2], [1, 1]], "sums to 5 bags but offsets has 5 entries"),
+    ([[3, -1], [1, 1]], "batch_size_per_feature_per_rank\\[0\\]\\[1\\] = -1: batch sizes must be >= 0"),
+    ([[1, 1.5], [1, 1]], "batch_size_per_feature_per_rank\\[0\\]\\[1\\] must be an int"),
+    ([[1, True], [1, 1]], "must be an int"),
+    (torch.tensor([[1, 1], [1, 1]]), "must be a list of 2 lists"),
+    ("11", "must be a list of 2 lists"),
+]
+
+
+@pytest.mark.parametrize("batch_sizes, message", BAD_VBE, ids=[str(i) for i in range(len(BAD_VBE))])
+def test_vbe_bad_batch_sizes(batch_sizes, message):
+    tbe = _make()
+    indices, offsets = torch.tensor([1, 2, 3, 4]), torch.tensor([0, 1, 2, 3, 4])
+    with pytest.raises(ValueError, match=message):
+        tbe(indices, offsets, batch_size_per_feature_per_rank=batch_sizes)
+    assert indices.tolist() == [1, 2, 3, 4] and offsets.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_vbe_is_rejected_for_sequence_pooling():
+    tbe = _make(specs=((10, 4), (7, 4)), pooling_mode=hf.PoolingMode.NONE)
+    with pytest.raises(NotImplementedError, match="PoolingMode.NONE"):
+        tbe(torch.tensor([1, 2]), torch.tensor([0, 1, 2]), batch_size_per_feature_per_rank=[[1], [1]])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.ADAM])
+def test_vbe_gpu_matches_cpu(optimizer):
+    specs, ftm = LAYOUTS["shared_tables"]
+    gen = torch.Generator().manual_seed(21)
+
+    def build(location, compute_device):
+        return hf.SplitTableBatchedEmbeddingBagsCodegen([(r, d, location, compute_device) for r, d in specs],
+                                                        feature_table_map=ftm, optimizer=optimizer,
+                                                        pooling_mode=hf.PoolingMode.MEAN, learning_rate=0.1)
+
+    cpu = build(hf.EmbeddingLocation.HOST, hf.ComputeDevice.CPU)
+    gpu = build(hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CUDA)
+    cpu.init_embedding_weights_uniform(-1, 1)
+    for a, b in zip(gpu.split_embedding_weights(), cpu.split_embedding_weights()):
+        a.copy_(b)
+    for step in range(3):
+        batch_sizes = VBE_BATCH_SIZES["shared_tables"][step % 2]
+        indices, offsets, psw = _vbe_batch(gen, specs, ftm, batch_sizes, max_len=4, weighted=True)
+        outs = []
+        for tbe, device in ((cpu, "cpu"), (gpu, "cuda")):
+            p = psw.detach().to(device).clone().requires_grad_()
+            out = tbe(indices.to(device), offsets.to(device), p, batch_size_per_feature_per_rank=batch_sizes)
+            out.backward(torch.arange(out.numel(), dtype=torch.float32, device=device).sin())
+            outs.append((out.detach().cpu(), p.grad.cpu()))
+        torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5)
+    for a, b in zip(gpu.split_embedding_weights(), cpu.split_embedding_weights()):
+        torch.testing.assert_close(a.cpu(), b, rtol=1e-5, atol=1e-5)
+    for a, b in zip(gpu.split_optimizer_states(), cpu.split_optimizer_states()):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(x.cpu(), y, rtol=1e-4, atol=1e-6)
 
 
 # ---- methods ----------------------------------------------------------------------------------------------

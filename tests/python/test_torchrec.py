@@ -224,11 +224,33 @@ def test_sharder_rejects_plans_with_other_compute_kernels():
         sharder.shard(None, params, None)
 
 
-def test_kernel_rejects_features_with_their_own_batch_size():
+def test_features_with_their_own_batch_size(tmp_path):
+    """KJTs with stride_per_key_per_rank (TorchRec's VBE: per rank, each feature its own number of distinct
+    samples, expanded through inverse indices), world size 2: hipdlrm's kernels run their VBE path and train
+    as FBGEMM's kernels do, step by step."""
+    out = str(tmp_path / "vbe.pt")
+    mp.spawn(worker.vbe_main, args=(2, _free_port(), out, worker.VBE_SHARDING_TYPES), nprocs=2, join=True)
+    results = torch.load(out)
+    init_tables, _ = worker.initial_state()
+    for sharding_type in worker.VBE_SHARDING_TYPES:
+        hip, fb = results[(sharding_type, "hipdlrm")], results[(sharding_type, "fbgemm")]
+        assert hip["kernels"] == ["HipdlrmFusedEmbeddingBag"] and fb["kernels"] == ["BatchedFusedEmbeddingBag"]
+        assert hip["vbe_layouts"] >= 1  # rank 0's kernels took batch_size_per_feature_per_rank
+        diff = max_differences(hip, fb)
+        print(f"VBE world_size=2 {sharding_type} hipdlrm vs fbgemm: " +
+              ", ".join(f"{k} {v:.2e}" for k, v in diff.items()))
+        for what, value in diff.items():
+            assert value <= ATOL, f"VBE {sharding_type}: {what} differ by {value:.3e} (> {ATOL})"
+        for name, _, _ in worker.TABLES:
+            assert not torch.isnan(hip["tables"][name]).any(), f"table {name}: shards do not cover it"
+        assert max(float((hip["tables"][n] - init_tables[n]).abs().max()) for n, _, _ in worker.TABLES) > 1e-3
+
+
+def test_kernel_rejects_a_preallocated_vbe_output():
     from torchrec import KeyedJaggedTensor
     vbe = KeyedJaggedTensor(keys=["a", "b"], values=torch.arange(5), lengths=torch.tensor([1, 1, 1, 1, 1]),
                             stride_per_key_per_rank=[[2], [3]])
-    assert vbe.variable_stride_per_key()
     # The check comes before the kernel touches its tables, so no process group or tables are needed.
-    with pytest.raises(NotImplementedError, match="VBE"):
-        hipdlrm.torchrec.HipdlrmFusedEmbeddingBag.forward(None, vbe)
+    with pytest.raises(NotImplementedError, match="vbe_output"):
+        hipdlrm.torchrec.HipdlrmFusedEmbeddingBag.forward(None, vbe, vbe_output=torch.zeros(10),
+                                                          vbe_output_offsets=torch.tensor([[0, 4]]))

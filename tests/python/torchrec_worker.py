@@ -152,7 +152,8 @@ def table_entries(model) -> Dict[str, object]:
     return out
 
 
-def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, data, init_tables, init_dense):
+def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, data, init_tables, init_dense,
+                slicer=local_slice):
     dmp = build_dmp(kernel, sharding_type, world_size, init_dense)
     kernels = {type(k).__name__ for k in kernel_modules(dmp)}
     modules = {type(k.emb_module).__module__ + "." + type(k.emb_module).__name__ for k in kernel_modules(dmp)}
@@ -160,7 +161,7 @@ def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, dat
     dense_opt = dense_optimizer(dmp)
     outputs, losses = [], []
     for step in data:
-        kjt, dense, labels = local_slice(step, rank)
+        kjt, dense, labels = slicer(step, rank)
         dense_opt.zero_grad()
         out = dmp(kjt, dense)
         loss = nn.functional.binary_cross_entropy_with_logits(out, labels)
@@ -173,8 +174,64 @@ def run_sharded(kernel: str, sharding_type: str, rank: int, world_size: int, dat
     tables = gather_tables(dmp, world_size)
     out_steps = [torch.cat([gathered_out[r][0][s] for r in range(world_size)]) for s in range(STEPS)]
     loss_steps = [torch.stack([gathered_out[r][1][s] for r in range(world_size)]).mean() for s in range(STEPS)]
+    # The distinct per-rank batch-size lists hipdlrm's kernels saw (their VBE layouts).
+    vbe_layouts = sum(len(getattr(k.emb_module, "_vbe_layouts", ())) for k in kernel_modules(dmp))
     return {"outputs": out_steps, "losses": loss_steps, "tables": tables, "kernels": sorted(kernels),
-            "emb_modules": sorted(modules)}
+            "emb_modules": sorted(modules), "vbe_layouts": vbe_layouts}
+
+
+# Features with their own batch size (TorchRec's VBE): per rank, each feature sends B[f][r] <= LOCAL_BATCH
+# distinct samples and inverse indices that map the rank's LOCAL_BATCH samples onto them.
+VBE_BATCH = {"t0": [3, 3], "t1": [2, 1], "t2": [3, 2], "t3": [1, 3]}  # per rank of world size 2
+# Row-wise (and table-row-wise) VBE fails inside TorchRec 1.8.0 on gloo with FBGEMM's kernels as well: the
+# backward of its variable-size reduce-scatter all-gathers tensors of different sizes per rank.
+VBE_SHARDING_TYPES = ["table_wise", "column_wise"]
+
+
+def make_vbe_data(world_size: int, seed: int = 13):
+    """STEPS batches; per rank: per feature (B[f][r] bags) ids, lengths and inverse indices, dense inputs, labels."""
+    g = torch.Generator().manual_seed(seed)
+    steps = []
+    for _ in range(STEPS):
+        per_rank = []
+        for r in range(world_size):
+            lengths, ids, inverse = {}, {}, {}
+            for name, rows, _ in TABLES:
+                b = VBE_BATCH[name][r]
+                lengths[name] = torch.randint(0, 4, (b,), generator=g)
+                ids[name] = torch.randint(0, rows, (int(lengths[name].sum()),), generator=g)
+                inverse[name] = torch.randint(0, b, (LOCAL_BATCH,), generator=g)
+            per_rank.append((lengths, ids, inverse, torch.randn(LOCAL_BATCH, DENSE_IN, generator=g),
+                             torch.randint(0, 2, (LOCAL_BATCH,), generator=g).float()))
+        steps.append(per_rank)
+    return steps
+
+
+def vbe_local_slice(step, rank: int):
+    from torchrec import KeyedJaggedTensor
+    lengths, ids, inverse, dense, labels = step[rank]
+    keys = ["f_" + name for name, _, _ in TABLES]
+    kjt = KeyedJaggedTensor(keys=keys, values=torch.cat([ids[n] for n, _, _ in TABLES]),
+                            lengths=torch.cat([lengths[n] for n, _, _ in TABLES]),
+                            stride_per_key_per_rank=[[VBE_BATCH[n][rank]] for n, _, _ in TABLES],
+                            inverse_indices=(keys, torch.stack([inverse[n] for n, _, _ in TABLES])))
+    return kjt, dense, labels
+
+
+def vbe_main(rank: int, world_size: int, port: int, out_path: str, sharding_types: List[str]) -> None:
+    _init(rank, world_size, port)
+    try:
+        data = make_vbe_data(world_size)
+        init_tables, init_dense = initial_state()
+        results = {}
+        for sharding_type in sharding_types:
+            for kernel in ("hipdlrm", "fbgemm"):
+                results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
+                                                               init_tables, init_dense, slicer=vbe_local_slice)
+        if rank == 0:
+            torch.save(results, out_path)
+    finally:
+        dist.destroy_process_group()
 
 
 def load_tables(dmp, init_tables) -> None:
