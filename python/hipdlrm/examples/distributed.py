@@ -97,27 +97,62 @@ def fused_params(lr: float, eps: float, bounds_check: str) -> Dict[str, Any]:
 
 def shard(model: nn.Module, env: DistEnv, sharding: Optional[str], local_batch_size: int, lr: float, eps: float,
           bounds_check: str):
-    """(DistributedModelParallel over ``model``, its ShardingPlan). ``sharding``: every table gets this
-    sharding type (the planner still picks ranks and shard sizes); None: TorchRec's planner chooses."""
+    """(DistributedModelParallel over ``model``, its ShardingPlan). ``sharding`` None: TorchRec's planner
+    chooses per table; otherwise every table gets that sharding type (``sharding_plan_for``)."""
     import hipdlrm.torchrec
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
     from torchrec.distributed.types import ShardingEnv
 
     sharder = hipdlrm.torchrec.EmbeddingBagCollectionSharder(fused_params=fused_params(lr, eps, bounds_check))
-    # The planner's choice is among the sharding types hipdlrm's FUSED kernel serves (naming them keeps
-    # it from trying data-parallel, which has no FUSED kernel, and warning about each table).
-    allowed = list(SHARDING_TYPES) if sharding is None else [sharding]
-    constraints = {cfg.name: ParameterConstraints(sharding_types=allowed, compute_kernels=["fused"])
-                   for cfg in model.embeddings.ebc.embedding_bag_configs()}
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=env.world_size, local_world_size=env.local_world_size,
-                          compute_device=env.device.type),
-        batch_size=local_batch_size, constraints=constraints, debug=False)
-    plan = planner.collective_plan(model, [sharder], env.pg)
+    ebc = model.embeddings.ebc
+    if sharding is None:
+        # The planner's choice is among the sharding types hipdlrm's FUSED kernel serves (naming them keeps
+        # it from trying data-parallel, which has no FUSED kernel, and warning about each table).
+        constraints = {cfg.name: ParameterConstraints(sharding_types=list(SHARDING_TYPES), compute_kernels=["fused"])
+                       for cfg in ebc.embedding_bag_configs()}
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=env.world_size, local_world_size=env.local_world_size,
+                              compute_device=env.device.type),
+            batch_size=local_batch_size, constraints=constraints, debug=False)
+        plan = planner.collective_plan(model, [sharder], env.pg)
+    else:
+        plan = sharding_plan_for(ebc, "embeddings.ebc", sharding, sharder, env)
     dmp = DistributedModelParallel(module=model, env=ShardingEnv.from_process_group(env.pg), plan=plan,
                                    sharders=[sharder], device=env.device)
     return dmp, plan
+
+
+def sharding_plan_for(ebc: nn.Module, path: str, sharding: str, sharder, env: DistEnv):
+    """Every table of ``ebc`` sharded ``sharding``-wise with TorchRec's plan helpers, placed round-robin:
+    table_wise: table t on rank t mod W; row_wise: rows in even blocks over all ranks; column_wise: two
+    column halves on ranks t and t+1 mod W (one shard when W is 1); table_row_wise: rows over the ranks of
+    host t mod H. (TorchRec's planner offers row-wise kinds for GPUs only; the helpers build them anywhere.)"""
+    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, row_wise,
+                                                    table_row_wise, table_wise)
+    from torchrec.distributed.types import ShardingPlan
+
+    W, hosts = env.world_size, max(1, env.world_size // env.local_world_size)
+    per_table = {}
+    for t, cfg in enumerate(ebc.embedding_bag_configs()):
+        if sharding == "table_wise":
+            per_table[cfg.name] = table_wise(rank=t % W, compute_kernel="fused")
+        elif sharding == "row_wise":
+            per_table[cfg.name] = row_wise(compute_kernel="fused")
+        elif sharding == "column_wise":
+            ranks = [t % W, (t + 1) % W] if W > 1 else [0]
+            per_table[cfg.name] = column_wise(ranks=ranks, compute_kernel="fused")
+        elif sharding == "table_row_wise":
+            per_table[cfg.name] = table_row_wise(host_index=t % hosts)
+        else:
+            raise ValueError(f"sharding must be one of {SHARDING_TYPES}, got {sharding!r}")
+    module_plan = construct_module_sharding_plan(ebc, per_table, sharder=sharder, local_size=env.local_world_size,
+                                                 world_size=W, device_type=env.device.type)
+    for ps in module_plan.values():
+        # table_row_wise() takes no compute kernel and picks DENSE for tables without an in-backward optimizer;
+        # hipdlrm computes FUSED, with the optimizer in the sharder's fused_params.
+        ps.compute_kernel = "fused"
+    return ShardingPlan({path: module_plan})
 
 
 def _local_shards(value) -> List[tuple]:

@@ -290,6 +290,9 @@ def _resolve_distributed(parser: argparse.ArgumentParser, args: argparse.Namespa
     if args.batch_size % world_size:
         parser.error(f"--batch-size {args.batch_size} (the global batch) must be a multiple of the world size "
                      f"{world_size}: each rank trains on an equal slice of it")
+    if args.sharding == "column_wise" and world_size > 1 and args.embedding_dim % 8:
+        parser.error(f"--sharding column_wise cuts every table into two column shards of a multiple of 4 columns "
+                     f"(TorchRec's rule): --embedding-dim must be a multiple of 8, got {args.embedding_dim}")
     if device.type == "cuda":
         if device.index is not None:
             parser.error(f"--device {args.device}: under --distributed each rank uses cuda:LOCAL_RANK; pass "
