@@ -65,6 +65,8 @@ class DistEnv:
 def init_process_group(device: torch.device) -> DistEnv:
     """The job's process group from torchrun's environment: gloo on the CPU, NCCL (RCCL on ROCm) on GPUs."""
     backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)       # NCCL's communicators bind to the current device
     dist.init_process_group(backend=backend)
     return DistEnv(dist.get_rank(), dist.get_world_size(), int(os.environ["LOCAL_RANK"]),
                    int(os.environ["LOCAL_WORLD_SIZE"]), backend, device, dist.group.WORLD)

@@ -501,8 +501,8 @@ def _train_loop(args: argparse.Namespace, backend: str, device: torch.device, mo
                 history: History, start_step: int, label: Optional[str] = None, progress: Optional[str] = None,
                 reduce_loss=None, ranks: int = 1) -> tuple:
     """Steps start_step..--steps-1 on ``next_batch(step)``, appending to ``history``; returns (wall seconds,
-    peak GPU memory in GB or None). ``reduce_loss``: the loss recorded from this process's (the global
-    batch's, when distributed); ``ranks``: the processes that share a step's examples equally."""
+    peak GPU memory in GB or None). ``reduce_loss`` maps this process's loss to the one recorded
+    (distributed: the global batch's mean); ``ranks``: the processes that share a step's examples equally."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timer = _StepTimer(device)
@@ -786,12 +786,13 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, env: Option
                        "plan_summary": dist_mod.describe_plan(tables), "plan": tables}
         if not is_main:
             return 0
-    for backend in backends if env is None else ():
-        state = checkpoint["backends"][backend] if checkpoint is not None else None
-        results[backend] = train_backend(args, backend, device, data, state, start_step)
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    else:
+        for backend in backends:
+            state = checkpoint["backends"][backend] if checkpoint is not None else None
+            results[backend] = train_backend(args, backend, device, data, state, start_step)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
     runs = {}
     for name, result in results.items():
