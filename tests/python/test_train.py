@@ -432,9 +432,44 @@ def _error_of(argv, capsys) -> str:
     (["--noise-floor"], "--noise-floor applies to --model dlrm with --baseline torch"),
     (["--model", "hstu", "--baseline", "torch", "--noise-floor"], "--noise-floor applies to --model dlrm"),
     (["--baseline", "torch", "--noise-floor", "--save", "x.pt"], "--noise-floor does not combine with --save"),
+    (["--model", "hstu", "--distributed", "torchrec"], "--distributed torchrec supports --model dlrm only"),
+    (["--distributed", "torchrec", "--baseline", "torch"], "--baseline torch does not combine with --distributed"),
+    (["--distributed", "torchrec", "--save", "x.pt"], "--save / --resume do not combine with --distributed"),
+    (["--sharding", "row_wise"], "--sharding applies to --distributed torchrec only"),
+    (["--distributed", "torchrec", "--sharding", "diagonal"], "--sharding: invalid choice: 'diagonal'"),
 ])
 def test_bad_flags_get_clear_messages(argv, needle, capsys):
     assert needle in _error_of(argv, capsys)
+
+
+TORCHRUN_ENV = dict(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT="29500")
+
+
+def test_distributed_needs_torchrun_and_an_even_split(monkeypatch, capsys):
+    for name in TORCHRUN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    err = _error_of(DLRM_FLAGS + ["--distributed", "torchrec"], capsys)
+    assert "--distributed torchrec runs under torchrun" in err
+    assert "WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT are not set" in err
+    assert "torchrun --nproc-per-node N -m hipdlrm.examples.train --distributed torchrec" in err
+    for name, value in TORCHRUN_ENV.items():
+        monkeypatch.setenv(name, value)
+    err = _error_of(["--device", "cpu", "--batch-size", "33", "--distributed", "torchrec"], capsys)
+    assert "--batch-size 33 (the global batch) must be a multiple of the world size 2" in err
+
+
+def test_distributed_without_torchrec_names_the_pinned_versions():
+    """torchrec unimportable (None in sys.modules): the example still imports, and --distributed says what to
+    install and how."""
+    code = ("import sys; sys.modules['torchrec'] = None; import hipdlrm.examples.train as T; "
+            "sys.exit(T.main(['--device', 'cpu', '--distributed', 'torchrec']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, **TORCHRUN_ENV, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert res.returncode == 2, res.stderr
+    assert "--distributed torchrec needs TorchRec, which cannot be imported here" in res.stderr
+    assert "torchrec==1.8.0 with fbgemm-gpu-cpu==1.8.0" in res.stderr and "bash scripts/setup.sh" in res.stderr
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message given where there is no GPU")

@@ -5,6 +5,9 @@ the backward, bounds check on every forward), ``group_index_select`` and ``hstu_
 ``backend="torch"`` builds the same model from plain PyTorch parts: one ``nn.EmbeddingBag`` /
 ``nn.Embedding`` per table with sparse gradients and ``RowwiseAdagrad`` (the same update, written out),
 ``index_select``, and HSTU attention on padded tensors written with torch ops.
+The DLRM also has ``backend="torchrec"`` (``--distributed torchrec``): its tables are a TorchRec
+``EmbeddingBagCollection`` on the meta device, for ``DistributedModelParallel`` to shard onto hipdlrm's
+kernels (``distributed.py`` fills them after sharding).
 
 Both backends start from identical weights for a given seed: the dense layers are built on the CPU under
 a seeded RNG in the same order, and every embedding table is filled by ``init_table`` from its own
@@ -25,6 +28,7 @@ import hipdlrm
 from .data import NUM_DENSE, DlrmBatch, HstuBatch, mix_seed
 
 BACKENDS = ("hipdlrm", "torch")
+DLRM_BACKENDS = BACKENDS + ("torchrec",)
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,11 @@ def init_table(table: torch.Tensor, bound: float, seed: int, index: int) -> None
     g = torch.Generator(device=table.device).manual_seed(mix_seed(seed, 0x7AB1E, index))
     with torch.no_grad():
         table.uniform_(-bound, bound, generator=g)
+
+
+def table_init_bound(rows: int) -> float:
+    """The DLRM tables' init range: uniform in [-1/sqrt(rows), 1/sqrt(rows))."""
+    return 1.0 / math.sqrt(rows)
 
 
 def mlp(sizes: Sequence[int], final_relu: bool) -> nn.Sequential:
@@ -159,6 +168,35 @@ class _TorchBagTables(nn.Module):
         return torch.cat(outs, dim=1)
 
 
+class _TorchrecTables(nn.Module):
+    """A TorchRec ``EmbeddingBagCollection`` (SUM pooling, table ``t{i}`` looked up by feature ``f{i}``) on
+    the meta device: it holds no weights until ``DistributedModelParallel`` shards it, and its fused
+    optimizer comes with the sharder's ``fused_params``."""
+
+    def __init__(self, rows: Sequence[int], dim: int) -> None:
+        super().__init__()
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+        self.keys = [f"f{t}" for t in range(len(rows))]
+        self.ebc = EmbeddingBagCollection(
+            tables=[EmbeddingBagConfig(name=f"t{t}", embedding_dim=dim, num_embeddings=r, feature_names=[key],
+                                       pooling=PoolingType.SUM)
+                    for t, (r, key) in enumerate(zip(rows, self.keys))],
+            device=torch.device("meta"))
+
+    def sparse_optimizer(self, lr: float, eps: float) -> Optional[torch.optim.Optimizer]:
+        return None
+
+    def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        from torchrec import KeyedJaggedTensor
+        # TableBatchedEmbedding's table-major layout is a KJT's key-major one: feature t's bags are
+        # offsets[t*B : (t+1)*B + 1].
+        stride = (offsets.numel() - 1) // len(self.keys)
+        kjt = KeyedJaggedTensor(keys=self.keys, values=indices, offsets=offsets, stride=stride)
+        # The sharded collection's output keys are grouped by sharding, not in the tables' order.
+        pooled = self.ebc(kjt).to_dict()
+        return torch.cat([pooled[key] for key in self.keys], dim=1)
+
+
 class _TorchItemTable(nn.Module):
     """``nn.Embedding(sparse=True)`` over the item table, trained by RowwiseAdagrad."""
 
@@ -183,8 +221,8 @@ class DLRM(nn.Module):
     def __init__(self, cfg: DlrmConfig, backend: str, device: torch.device, seed: int, lr: float, eps: float,
                  bounds_check_mode: hipdlrm.BoundsCheckMode = hipdlrm.BoundsCheckMode.WARNING) -> None:
         super().__init__()
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend not in DLRM_BACKENDS:
+            raise ValueError(f"backend must be one of {DLRM_BACKENDS}, got {backend!r}")
         self.cfg, self.backend = cfg, backend
         num_vectors = len(cfg.rows) + 1
         self.num_pairs = num_vectors * (num_vectors - 1) // 2
@@ -202,10 +240,15 @@ class DLRM(nn.Module):
         if backend == "hipdlrm":
             self.embeddings: nn.Module = _HipdlrmTables(cfg.rows, cfg.dim, None, hipdlrm.PoolingMode.SUM, lr, eps,
                                                         bounds_check_mode, device, seed)
+        elif backend == "torchrec":
+            # lr, eps and the bounds-check mode reach the sharded tables through the sharder's fused_params;
+            # the shards are filled with these same values after sharding.
+            self.embeddings = _TorchrecTables(cfg.rows, cfg.dim)
         else:
             self.embeddings = _TorchBagTables(cfg.rows, cfg.dim, device)
-        for t, table in enumerate(self.embeddings.tables()):
-            init_table(table, 1.0 / math.sqrt(cfg.rows[t]), seed, t)
+        if backend != "torchrec":
+            for t, table in enumerate(self.embeddings.tables()):
+                init_table(table, table_init_bound(cfg.rows[t]), seed, t)
 
     def dense_parameters(self) -> List[nn.Parameter]:
         return [*self.bottom.parameters(), *self.top.parameters()]
@@ -213,10 +256,10 @@ class DLRM(nn.Module):
     def forward(self, batch: DlrmBatch) -> torch.Tensor:
         B, T, D = batch.num_examples, len(self.cfg.rows), self.cfg.dim
         x = self.bottom(batch.dense)
-        if self.backend == "hipdlrm":
-            pooled = self.embeddings(batch.indices, batch.offsets)
-        else:
+        if self.backend == "torch":
             pooled = self.embeddings(batch.indices, batch.offsets, batch.lookups_per_feature, B)
+        else:
+            pooled = self.embeddings(batch.indices, batch.offsets)
         z = torch.cat([x.unsqueeze(1), pooled.view(B, T, D)], dim=1)
         dots = torch.bmm(z, z.transpose(1, 2))[:, self.pair_i, self.pair_j]
         return self.top(torch.cat([x, dots], dim=1)).squeeze(1)

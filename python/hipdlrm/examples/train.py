@@ -4,6 +4,7 @@ PyTorch (docs/training.md).
     python -m hipdlrm.examples.train                          # DLRM, small size (a CPU finishes in about a minute)
     python -m hipdlrm.examples.train --baseline torch         # + the plain-PyTorch model: loss agreement, speed ratio
     python -m hipdlrm.examples.train --model hstu --size production --steps 100 --baseline torch   # a GPU run
+    torchrun --nproc-per-node 2 -m hipdlrm.examples.train --distributed torchrec   # DLRM sharded by TorchRec
 
 Shows progress with the loss and examples/s (tqdm), then writes ``summary.json`` and ``training.png``
 (loss, the curves' distance against the agreement tolerance, and throughput per step; matplotlib) to
@@ -29,11 +30,13 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 import hipdlrm
 
 from . import data as data_mod
+from . import distributed as dist_mod
 from . import plot as plot_mod
 from . import progress as progress_mod
 from .models import DLRM, HSTU, DlrmConfig, HstuConfig
@@ -169,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"largest difference of the {AGREEMENT_WINDOW}-step moving averages of the two loss curves "
                         f"for them to agree (default: {TOL_FP32} in fp32, {TOL_REDUCED} with bf16/fp16 attention, "
                         "--amp or --tf32)")
+    p.add_argument("--distributed", choices=("torchrec",), default=None,
+                   help="under torchrun: shard the DLRM's tables over the ranks with TorchRec's "
+                        "DistributedModelParallel on hipdlrm's kernels (hipdlrm.torchrec), the dense layers by DDP; "
+                        "each rank trains on its slice of the same global batch (docs/training.md, \"Distributed "
+                        "(TorchRec)\")")
+    p.add_argument("--sharding", choices=dist_mod.SHARDING_TYPES, default=None,
+                   help="with --distributed: give every table this TorchRec sharding type [default: TorchRec's "
+                        "planner chooses per table]")
     p.add_argument("--out", default=None, help="output folder (default: train_out/<model>)")
     p.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint here at the end")
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from this checkpoint")
@@ -230,6 +241,10 @@ def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
                          f"(torch {torch.__version__}); use --device cpu")
         if device.index is not None and device.index >= torch.cuda.device_count():
             parser.error(f"--device {args.device}: there are {torch.cuda.device_count()} GPUs")
+    if args.distributed is not None:
+        device = _resolve_distributed(parser, args, device)
+    elif args.sharding is not None:
+        parser.error("--sharding applies to --distributed torchrec only")
     if args.model == "hstu" and args.attn_dtype is None:
         args.attn_dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.tf32 and device.type != "cuda":
@@ -247,6 +262,49 @@ def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
     if args.resume is not None and not os.path.isfile(args.resume):
         parser.error(f"--resume {args.resume}: no such file")
     return args
+
+
+def _resolve_distributed(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                         device: torch.device) -> torch.device:
+    """Checks --distributed against the other flags, torchrun's environment and the TorchRec install; on a
+    GPU, each rank trains on cuda:LOCAL_RANK. Returns the rank's device."""
+    if args.model != "dlrm":
+        parser.error(f"--distributed torchrec supports --model dlrm only, not --model {args.model}: HSTU's item "
+                     "table (pooling NONE, two features on one table) would need TorchRec's EmbeddingCollection, "
+                     "which hipdlrm.torchrec does not compute yet")
+    if args.baseline is not None:
+        parser.error("--baseline torch does not combine with --distributed: the distributed run's reference is "
+                     "the single-process hipdlrm run, which trains on the same examples from the same weights "
+                     "(run the same flags without torchrun and --distributed and compare the summaries' losses; "
+                     "docs/training.md, \"Distributed (TorchRec)\")")
+    if args.save is not None or args.resume is not None:
+        parser.error("--save / --resume do not combine with --distributed yet: the sharded state is TorchRec's "
+                     "(torch.distributed.checkpoint of DistributedModelParallel's state_dict), not this example's "
+                     "checkpoint format")
+    missing = dist_mod.missing_torchrun_env()
+    if missing:
+        parser.error(f"--distributed torchrec runs under torchrun, which sets {', '.join(dist_mod.TORCHRUN_ENV)}; "
+                     f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} not set. Start it as "
+                     "`torchrun --nproc-per-node N -m hipdlrm.examples.train --distributed torchrec ...`")
+    world_size = int(os.environ["WORLD_SIZE"])
+    if args.batch_size % world_size:
+        parser.error(f"--batch-size {args.batch_size} (the global batch) must be a multiple of the world size "
+                     f"{world_size}: each rank trains on an equal slice of it")
+    if args.sharding == "column_wise" and world_size > 1 and args.embedding_dim % 8:
+        parser.error(f"--sharding column_wise cuts every table into two column shards of a multiple of 4 columns "
+                     f"(TorchRec's rule): --embedding-dim must be a multiple of 8, got {args.embedding_dim}")
+    if device.type == "cuda":
+        if device.index is not None:
+            parser.error(f"--device {args.device}: under --distributed each rank uses cuda:LOCAL_RANK; pass "
+                         "--device cuda")
+        if int(os.environ["LOCAL_RANK"]) >= torch.cuda.device_count():
+            parser.error(f"LOCAL_RANK {os.environ['LOCAL_RANK']}: there are {torch.cuda.device_count()} GPUs")
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        args.device = str(device)
+    problem = dist_mod.torchrec_import_error()
+    if problem is not None:
+        parser.error(problem)
+    return device
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -402,21 +460,64 @@ def train_backend(args: argparse.Namespace, backend: str, device: torch.device, 
         if sparse_opt is not None:
             sparse_opt.load_state_dict(resume_state["sparse_optimizer"])
         history = History(**resume_state["history"])
+
+    def next_batch(step: int):
+        batch = data.batch(step)
+        return reverse_bags(batch, args.bag_sizes) if backend == REORDERED else batch
+
+    wall_s, peak = _train_loop(args, backend, device, model, dense_opt, sparse_opt, next_batch, history, start_step)
+    state = None
+    if args.save is not None:
+        state = _to_cpu({"model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(),
+                         "sparse_optimizer": None if sparse_opt is None else sparse_opt.state_dict()})
+        state["history"] = asdict(history)
+    return RunResult(backend, history, start_step, wall_s, peak, state)
+
+
+def train_distributed(args: argparse.Namespace, env: dist_mod.DistEnv, data) -> tuple:
+    """--distributed torchrec: (RunResult, the DistributedModelParallel model, its ShardingPlan). The DLRM's
+    tables sharded by TorchRec onto hipdlrm's kernels and filled as the single-process run fills them; each
+    rank trains on its slice of every global batch; the history holds the global batch's mean loss and its
+    examples (rank 0's step times)."""
+    model = make_model(args, "torchrec", env.device)
+    dmp, plan = dist_mod.shard(model, env, args.sharding, args.batch_size // env.world_size, args.lr, args.eps,
+                               args.bounds_check)
+    dist_mod.init_tables(dmp, model.cfg.rows, model.cfg.dim, args.seed, env.device)
+    dense_opt = dist_mod.dense_optimizer(dmp, args.dense_lr)
+
+    def next_batch(step: int):
+        return dist_mod.local_batch(data.batch(step), args.bag_sizes, env.rank, env.world_size)
+
+    history = History()
+    wall_s, peak = _train_loop(args, "hipdlrm", env.device, dmp, dense_opt, None, next_batch, history, 0,
+                               label=f"{args.model} torchrec x{env.world_size}",
+                               progress=args.progress if env.is_main else "off",
+                               reduce_loss=lambda loss: dist_mod.global_mean(loss, env), ranks=env.world_size)
+    return RunResult("hipdlrm", history, 0, wall_s, peak, None), dmp, plan
+
+
+def _train_loop(args: argparse.Namespace, backend: str, device: torch.device, model: torch.nn.Module,
+                dense_opt: torch.optim.Optimizer, sparse_opt: Optional[torch.optim.Optimizer], next_batch,
+                history: History, start_step: int, label: Optional[str] = None, progress: Optional[str] = None,
+                reduce_loss=None, ranks: int = 1) -> tuple:
+    """Steps start_step..--steps-1 on ``next_batch(step)``, appending to ``history``; returns (wall seconds,
+    peak GPU memory in GB or None). ``reduce_loss`` maps this process's loss to the one recorded
+    (distributed: the global batch's mean); ``ranks``: the processes that share a step's examples equally."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-
     timer = _StepTimer(device)
-    bar = progress_mod.Progress(args.steps, f"{args.model} {backend}", start=start_step, mode=args.progress)
+    bar = progress_mod.Progress(args.steps, label or f"{args.model} {backend}", start=start_step,
+                                mode=progress or args.progress)
     pending_sizes: List[tuple] = []
     wall_start = time.perf_counter()
     for step in range(start_step, args.steps):
-        batch = data.batch(step)
-        if backend == REORDERED:
-            batch = reverse_bags(batch, args.bag_sizes)
+        batch = next_batch(step)
         started = timer.start()
         loss = train_step(model, batch, dense_opt, sparse_opt, args.amp)
+        if reduce_loss is not None:
+            loss = reduce_loss(loss)
         timer.stop(started, loss)
-        pending_sizes.append((batch.num_examples, getattr(batch, "num_tokens", 0)))
+        pending_sizes.append((batch.num_examples * ranks, getattr(batch, "num_tokens", 0) * ranks))
         if (step + 1 - start_step) % args.log_every == 0 or step + 1 == args.steps:
             losses, times = timer.collect()
             if not all(math.isfinite(v) for v in losses):
@@ -432,12 +533,7 @@ def train_backend(args: argparse.Namespace, backend: str, device: torch.device, 
             pending_sizes = []
     wall_s = time.perf_counter() - wall_start
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
-    state = None
-    if args.save is not None:
-        state = _to_cpu({"model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(),
-                         "sparse_optimizer": None if sparse_opt is None else sparse_opt.state_dict()})
-        state["history"] = asdict(history)
-    return RunResult(backend, history, start_step, wall_s, peak, state)
+    return wall_s, peak
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -590,6 +686,9 @@ def write_plot(path: Path, args: argparse.Namespace, runs: Dict[str, Dict[str, A
     size = f"batch {args.batch_size:,}, {args.steps} steps" + (", --amp" if args.amp else "")
     where = env["device_name"] if env["device"].startswith("cuda") else "the CPU"
     title = f"{args.model.upper()} ({args.size}, {size}) on {where}"
+    if "distributed" in summary:
+        d = summary["distributed"]
+        title += f", TorchRec over {d['world_size']} ranks ({d['sharding']} sharding)"
     if cmp is not None and cmp["throughput_ratio"] is not None:
         title += f": hipdlrm {cmp['throughput_ratio']:.2f}x plain PyTorch"
     revision = (env["git_revision"] or "")[:10]
@@ -632,6 +731,18 @@ def load_checkpoint(parser: argparse.ArgumentParser, args: argparse.Namespace, b
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = resolve_args(parser, parser.parse_args(argv))
+    if args.distributed is None:
+        return _main(parser, args)
+    env = dist_mod.init_process_group(torch.device(args.device))
+    try:
+        return _main(parser, args, env)
+    finally:
+        dist.destroy_process_group()
+
+
+def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, env: Optional[dist_mod.DistEnv] = None) -> int:
+    """The run, once the flags are checked (and, with --distributed, the process group is up): trains,
+    then prints and writes the report (rank 0 only when distributed)."""
     device = torch.device(args.device)
     if device.type == "cuda":
         if device.index is None:
@@ -655,19 +766,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             progress_mod.require_tqdm()
     except ImportError as e:
         parser.error(str(e))
+    is_main = env is None or env.is_main
     out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    print(f"hipdlrm.examples.train: --model {args.model} --size {args.size} on {device} "
-          f"({environment(device)['device_name']}), {args.steps} steps of {args.batch_size} "
-          f"{'examples' if args.model == 'dlrm' else 'users'}, seed {args.seed}", file=sys.stderr)
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        where = "" if env is None else (f", --distributed torchrec over {env.world_size} ranks ({env.backend}), "
+                                        f"{args.sharding or 'planner'} sharding")
+        print(f"hipdlrm.examples.train: --model {args.model} --size {args.size} on {device} "
+              f"({environment(device)['device_name']}){where}, {args.steps} steps of {args.batch_size} "
+              f"{'examples' if args.model == 'dlrm' else 'users'}, seed {args.seed}", file=sys.stderr)
     data = make_data(args, device)
     results: Dict[str, RunResult] = {}
-    for backend in backends:
-        state = checkpoint["backends"][backend] if checkpoint is not None else None
-        results[backend] = train_backend(args, backend, device, data, state, start_step)
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    distributed = None
+    if env is not None:
+        results["hipdlrm"], _, plan = train_distributed(args, env, data)
+        tables = dist_mod.plan_summary(plan)
+        distributed = {"launcher": "torchrun", "world_size": env.world_size, "local_world_size": env.local_world_size,
+                       "backend": env.backend, "sharding": args.sharding or "planner",
+                       "plan_summary": dist_mod.describe_plan(tables), "plan": tables}
+        if not is_main:
+            return 0
+    else:
+        for backend in backends:
+            state = checkpoint["backends"][backend] if checkpoint is not None else None
+            results[backend] = train_backend(args, backend, device, data, state, start_step)
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
 
     runs = {}
     for name, result in results.items():
@@ -680,8 +805,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(args).items()},
         "runs": runs,
     }
+    if distributed is not None:
+        summary["distributed"] = distributed
     print()
     unit = "examples/s" if args.model == "dlrm" else "users/s"
+    if distributed is not None:
+        print(f"TorchRec DistributedModelParallel on hipdlrm's kernels over {distributed['world_size']} ranks "
+              f"({distributed['backend']}): {distributed['plan_summary']}; losses are the global batch's mean")
     for name, run in runs.items():
         extra = f", {_fmt_rate(run['tokens_per_s'])} tokens/s" if args.model == "hstu" else ""
         print(f"{name:<9} {_fmt_rate(run['examples_per_s'])} {unit}{extra} (median step "
