@@ -217,6 +217,11 @@ class EmbeddingBagCollectionSharder(_embeddingbag.EmbeddingBagCollectionSharder)
         _check_version()
         super().__init__(*args, **kwargs)
 
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        # Data-parallel tables are dense parameters, computed without a FUSED kernel: not offered, so the
+        # planner does not consider (and warn about) a kernel-less option for every table.
+        return [t for t in super().sharding_types(compute_device_type) if t != ShardingType.DATA_PARALLEL.value]
+
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         kernels = super().compute_kernels(sharding_type, compute_device_type)
         return [k for k in kernels if k == EmbeddingComputeKernel.FUSED.value]
