@@ -987,7 +987,6 @@ def test_backward_rejects_overlapping_row_spaces_and_infinite_eps():
 
 def _gpu_step_inputs(module, steps):
     """Per step: indices, offsets (one fixed shape for every step) and the upstream gradient, on the GPU."""
-    upstream gradient, on the GPU."""
     out = []
     T, batch, per_bag = module.num_features, 6, 3
     rows = module.rows_per_table.cpu()
