@@ -239,25 +239,11 @@ def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype)
             torch.testing.assert_close(ours[0].double(), ref.opt.state[table]["sum"], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("optimizer", [OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD], ids=lambda o: o.name)
 @pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
-def test_adagrad_weight_decay(mode):
-    module = case(PoolingMode.SUM, OptimType.EXACT_ADAGRAD, weight_decay=0.1, weight_decay_mode=mode)
-    ref = ReferenceTrainer(module, OptimType.EXACT_ADAGRAD, 0.1, mode)
-    for step in range(2):
-        indices, offsets, psw = make_inputs(module, 5, 60 + step)
-        grad = upstream(module, indices, offsets, 70 + step)
-        train_step(module, indices, offsets, psw, grad)
-        ref.step(indices, offsets, psw, grad)
-    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
-        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
-    for ours, state in zip(module.split_optimizer_states(), ref.m):
-        torch.testing.assert_close(ours[0].double(), state, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
-def test_rowwise_adagrad_weight_decay(mode):
-    module = case(PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, weight_decay=0.1, weight_decay_mode=mode)
-    ref = ReferenceTrainer(module, OptimType.EXACT_ROWWISE_ADAGRAD, 0.1, mode)
+def test_adagrad_weight_decay(optimizer, mode):
+    module = case(PoolingMode.SUM, optimizer, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, optimizer, 0.1, mode)
     for step in range(2):
         indices, offsets, psw = make_inputs(module, 5, 40 + step)
         grad = upstream(module, indices, offsets, 50 + step)
@@ -265,6 +251,9 @@ def test_rowwise_adagrad_weight_decay(mode):
         ref.step(indices, offsets, psw, grad)
     for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
         torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    states = ref.state if optimizer == OptimType.EXACT_ROWWISE_ADAGRAD else ref.m
+    for ours, state in zip(module.split_optimizer_states(), states):
+        torch.testing.assert_close(ours[0].double(), state, rtol=1e-5, atol=1e-6)
 
 
 def test_sgd_l2_weight_decay_matches_torch_sgd():
