@@ -62,6 +62,9 @@ EXPECT = [
                 "workgroup per CU on gfx942 (64 KB), two on gfx950 (160 KB)"),
     dict(match=r"^convert_grad_q_kernel<", min_waves=4, no_atomics=True,
          reason="a streaming fp32 -> 16-bit conversion: waves hide the loads"),
+    dict(match=r"^validate_offsets_kernel\b", min_waves=4, max_atomics=5,
+         reason="one thread per sequence; each failed check claims the device error record (one "
+                "compare-and-swap, error path only)"),
     # -- bounds check --
     dict(match=r"^prepare_offsets_kernel<", min_waves=4, max_atomics=2,
          reason="one thread per bag, memory bound: waves hide the offsets' latency; one count atomic and "
@@ -71,6 +74,8 @@ EXPECT = [
                 "(bounds_check.cu); the count is reduced to one atomic per block, plus the ticket"),
     dict(match=r"^check_indices_kernel<.*, true>", hot=False, min_waves=1,
          reason="the benchmark's per-thread-atomic ablation, not a product path"),
+    dict(match=r"^record_fatal_kernel\b", min_waves=1, max_atomics=1,
+         reason="one thread: the call's report to the device error record (one compare-and-swap)"),
     # -- grouped index select --
     dict(match=r"^fill_kernel\b", min_waves=4, no_atomics=True, reason="16-byte zero stores by wave tasks"),
     dict(match=r"^scatter_kernel<\w+, 2>", min_waves=2, cache=True,
@@ -80,9 +85,9 @@ EXPECT = [
          reason="cache_slots 0 and 1: the ablation against FBGEMM's one slot"),
     dict(match=r"^gather_kernel<", min_waves=2, max_atomics=4, max_loop_atomics=1,
          reason="the forward row copy keeps kUnroll rows in flight per lane; its validation prologue adds one "
-                "wave-minimum atomic per wave that holds a bad index (error path) and a ticket per block"),
+                "compare-and-swap per wave that holds a bad index (the device error record; error path)"),
     dict(match=r"^validate_kernel\b", min_waves=4, max_atomics=4, max_loop_atomics=1,
-         reason="index validation: one wave-minimum atomic per wave holding a bad index, a ticket per block"),
+         reason="index validation: one compare-and-swap per wave holding a bad index (error path)"),
     dict(match=r"^keys_kernel\b", min_waves=4, no_atomics=True, reason="deterministic backward: sort keys"),
     dict(match=r"^segment_kernel<", min_waves=3, no_atomics=True,
          reason="deterministic backward: a wave sums each segment's rows with loads in flight, no atomics"),

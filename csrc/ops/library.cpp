@@ -4,12 +4,14 @@
 
 #include "ops/attention/attention.h"
 #include "ops/bounds_check/bounds_check.h"
+#include "ops/common/deferred_report.h"
 #include "ops/group_index_select/group_index_select.h"
 #include "ops/tbe/tbe.h"
 
 TORCH_LIBRARY(hipdlrm, m) {
   hipdlrm::ops::attention::define(m);
   hipdlrm::ops::bounds_check::define(m);
+  hipdlrm::ops::common::define(m);
   hipdlrm::ops::group_index_select::define(m);
   hipdlrm::ops::tbe::define(m);
   hipdlrm::ops::tbe::define_backward(m);

@@ -8,6 +8,7 @@ import torch  # noqa: F401  (the library links against torch; import it first)
 from . import _C  # noqa: F401  (registers torch.ops.hipdlrm.*)
 from .attention import hstu_mha
 from .bounds_check import BoundsCheckMode, bounds_check_indices, flush_bounds_check_warnings
+from .checks import set_strict_checks, strict_checks, synchronize
 from .gdpa import GDPA_ACTIVATIONS, gdpa
 from .group_index_select import group_index_select
 from .tbe import OptimType, PoolingMode, TableBatchedEmbedding, WeightDecayMode
@@ -31,6 +32,9 @@ __all__ = [
     "BoundsCheckMode",
     "bounds_check_indices",
     "flush_bounds_check_warnings",
+    "synchronize",
+    "set_strict_checks",
+    "strict_checks",
     "group_index_select",
     "PoolingMode",
     "TableBatchedEmbedding",

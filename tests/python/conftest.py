@@ -36,3 +36,29 @@ def _deterministic_seed():
     """Every test starts from the same global RNG state, whatever ran before it."""
     seed_everything(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_device_error_left():
+    """A GPU test must raise every invalid value its kernels recorded (docs/errors.md): one left pending
+    fails that test here instead of surfacing in whichever test calls hipdlrm next."""
+    yield
+    if HAS_GPU and torch.cuda.is_initialized():
+        import hipdlrm
+
+        try:
+            hipdlrm.synchronize()
+        except RuntimeError as e:
+            pytest.fail(f"the test left a device error unraised: {e}")
+
+
+@pytest.fixture
+def strict_checks():
+    """Strict mode for one test: the GPU raises in the failing call, as the CPU does (the deferred path is
+    tested in test_checks.py)."""
+    import hipdlrm
+
+    before = hipdlrm.strict_checks()
+    hipdlrm.set_strict_checks(True)
+    yield
+    hipdlrm.set_strict_checks(before)

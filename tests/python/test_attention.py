@@ -25,6 +25,11 @@ from attention_testing import _one_cpu_thread  # noqa: F401  (autouse fixture)
 from attention_testing import LOW_DTYPES, check_results, pad_jagged, run_with_wgmma_disabled, seeded, unpad
 from conftest import requires_gpu
 
+
+# Errors on the GPU path raise in the failing call here (strict mode), so each test compares them with the
+# CPU path's; the deferred path of the default mode is tested in test_checks.py.
+pytestmark = pytest.mark.usefixtures("strict_checks")
+
 FWD = torch.ops.hipdlrm.hstu_mha_fwd
 BWD = torch.ops.hipdlrm.hstu_mha_bwd
 HEAD_DIMS = [32, 64, 128, 256]

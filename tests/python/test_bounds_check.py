@@ -16,6 +16,11 @@ import torch
 import hipdlrm
 from conftest import HAS_GPU, devices, requires_gpu
 
+
+# Errors on the GPU path raise in the failing call here (strict mode), so each test compares them with the
+# CPU path's; the deferred path of the default mode is tested in test_checks.py.
+pytestmark = pytest.mark.usefixtures("strict_checks")
+
 OP = torch.ops.hipdlrm.bounds_check_indices
 FATAL, WARNING, IGNORE = 0, 1, 2
 MODES = [FATAL, WARNING, IGNORE]

@@ -44,7 +44,7 @@ def test_oom_in_tbe_backward_leaves_the_tables_untouched(optimizer, uncapped):
     module = TableBatchedEmbedding([(1000, 8), (500, 8)], optimizer=optimizer, learning_rate=0.1, device="cuda",
                                    pooling_mode=PoolingMode.SUM)
     module.weights.detach().copy_(torch.rand(module.weights.shape, generator=g))
-    n_per_bag, bags = 2000, 64  # many indices, a small output: the backward needs far more than the forward
+    n_per_bag, bags = 20000, 64  # many indices, a small output: the backward needs far more than the forward
     indices = torch.cat([torch.randint(0, r, (bags * n_per_bag,), generator=g) for r in (1000, 500)]).cuda()
     offsets = (torch.arange(2 * bags + 1) * n_per_bag).cuda()
     grad = torch.randn(bags, module.total_D, generator=g).cuda()
@@ -52,7 +52,7 @@ def test_oom_in_tbe_backward_leaves_the_tables_untouched(optimizer, uncapped):
     twin = copy.deepcopy(module)
 
     out = module(indices, offsets)
-    _cap_just_above_current_use(indices.numel() * 2)  # less than the backward's workspace
+    _cap_just_above_current_use(0)  # the cached segments' slack (a few MB) is less than the backward's workspace
     with pytest.raises(torch.OutOfMemoryError):
         out.backward(grad)
     torch.cuda.set_per_process_memory_fraction(1.0)

@@ -18,6 +18,11 @@ import torch
 import hipdlrm
 from conftest import HAS_GPU, devices, requires_gpu
 
+
+# Errors on the GPU path raise in the failing call here (strict mode), so each test compares them with the
+# CPU path's; the deferred path of the default mode is tested in test_checks.py.
+pytestmark = pytest.mark.usefixtures("strict_checks")
+
 OP = torch.ops.hipdlrm.group_index_select_dim0
 IMPL = torch.ops.hipdlrm._group_index_select_dim0_impl
 BACKWARD = torch.ops.hipdlrm._group_index_select_dim0_backward
@@ -538,11 +543,18 @@ def test_bad_index_in_first_or_last_member(device, n, where):
         k, pos, value = 0, 2, rows[0]
     pattern = (rf"indices_group\[{k}\]\[{pos}\] = {value} is out of range for input_group\[{k}\], "
                rf"which has {rows[k]} rows")
+    if where == "both" and device == "cuda":
+        # The GPU raises the first bad index its kernels record, which of the two is not specified.
+        last = (rf"indices_group\[{n - 1}\]\[{indices[-1].numel() - 1}\] = -1 is out of range for "
+                rf"input_group\[{n - 1}\], which has {rows[n - 1]} rows")
+        pattern = f"({pattern})|({last})"
     with pytest.raises(RuntimeError, match=pattern):
         OP(inputs, indices)
+        hipdlrm.synchronize()  # the GPU raises at the next call or here
     grads = [torch.ones((i.numel(),) + tuple(x.shape[1:]), device=device) for x, i in zip(inputs, indices)]
     with pytest.raises(RuntimeError, match=pattern):
         BACKWARD(grads, indices, rows, 2, False, True)
+        hipdlrm.synchronize()
     ok = [i.clamp(0, r - 1) for i, r in zip(indices, rows)]
     assert_equal_list(OP(inputs, ok), ref_forward(inputs, ok), "forward after the error")
 
@@ -554,6 +566,7 @@ def test_bad_index_into_zero_width_rows(device):
     indices = [torch.tensor([4, 0], device=device), torch.tensor([3, 4, 1], device=device)]
     with pytest.raises(RuntimeError, match=r"indices_group\[1\]\[1\] = 4 is out of range"):
         OP(inputs, indices)
+        hipdlrm.synchronize()
 
 
 @requires_gpu
@@ -567,17 +580,19 @@ def test_gpu_bad_index_at_the_end_of_a_long_group(width):
     x = torch.randn(7, width, device="cuda")
     with pytest.raises(RuntimeError, match=rf"indices_group\[1\]\[{n - 1}\] = 7 is out of range"):
         OP([torch.randn(3, width, device="cuda"), x], [torch.tensor([0, 2], device="cuda"), idx])
+        hipdlrm.synchronize()
     idx[-1] = 6
     idx[n // 2] = -5
     idx[n // 2 + 1] = -6
     with pytest.raises(RuntimeError, match=rf"indices_group\[0\]\[{n // 2}\] = -5 is out of range"):
         OP([x], [idx])
+        hipdlrm.synchronize()
 
 
 @requires_gpu
 def test_gpu_repeated_calls_reuse_the_check_cleanly():
     """Bad and good calls back to back, both descriptor paths, on the current stream and on a side stream:
-    each call reports its own bad index and never a stale one (the device words reset after each use)."""
+    each bad call's index is raised once (at hipdlrm.synchronize()), and never again after."""
     side = torch.cuda.Stream()
     for it in range(12):
         n = INLINE_MEMBERS if it % 2 else INLINE_MEMBERS + 1
@@ -589,6 +604,7 @@ def test_gpu_repeated_calls_reuse_the_check_cleanly():
             indices[k][pos] = 1000 + it
             with pytest.raises(RuntimeError, match=rf"indices_group\[{k}\]\[{pos}\] = {1000 + it} is out"):
                 OP(inputs, indices)
+                hipdlrm.synchronize()
             indices[k][pos] = 0
             outs = [OP(inputs, indices) for _ in range(3)]
         stream.synchronize()
@@ -597,15 +613,25 @@ def test_gpu_repeated_calls_reuse_the_check_cleanly():
 
 
 @requires_gpu
-def test_gpu_graph_capture_is_refused_with_a_clear_error():
-    """A captured launch cannot raise for a bad index before the call returns: the op says so."""
+def test_gpu_graph_capture_replays_and_reports_bad_indices_at_synchronize():
+    """Captured in a CUDA graph, the op replays like eager; an index made invalid between replays gives a
+    zero row and is raised by hipdlrm.synchronize() after the replay."""
     x = torch.randn(6, 4, device="cuda")
     i = torch.tensor([5, 0, 1], device="cuda")
+    OP([x], [i])  # warm-up
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="graph capture"):
-        with torch.cuda.graph(graph):
-            OP([x], [i])
-    assert_equal_list(OP([x], [i]), ref_forward([x], [i]), "forward after the refused capture")
+    with torch.cuda.graph(graph):
+        out = OP([x], [i])
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_equal_list(out, ref_forward([x], [i]), "replayed forward")
+    i[1] = 6
+    graph.replay()
+    with pytest.raises(RuntimeError, match=r"indices_group\[0\]\[1\] = 6 is out of range"):
+        hipdlrm.synchronize()
+    assert out[0][1].eq(0).all() and torch.equal(out[0][0], x[5])
+    hipdlrm.synchronize()  # raised once
 
 
 @requires_gpu

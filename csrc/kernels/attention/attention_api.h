@@ -17,6 +17,8 @@
 #include <cstdint>
 
 #include "hipdlrm/gpu/platform.h"
+#include "kernels/attention/attention_offsets.h"
+#include "kernels/common/device_error.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -54,7 +56,7 @@ struct AttentionProblem {
   // ---- GDPA (the HSTU launchers ignore these; their defaults describe self-attention) ----
   int kv_heads = 0;                       // Hkv, dividing H; 0: H
   int max_seq_len_kv = 0;                 // every key sequence has at most this many rows; 0: max_seq_len
-  std::int64_t total_kv_tokens = 0;       // Lkv: rows of k and v; 0: not given (then total_tokens if kv_offsets
+  std::int64_t total_kv_tokens = 0;       // Lkv: rows of k and v; required with kv_offsets (0: not given, then total_tokens if kv_offsets
                                           // is null, else unknown)
   const std::int64_t* kv_offsets = nullptr;  // key offsets [B + 1], device; null: seq_offsets
   int kv_dense_len = 0;                   // > 0: sample b's keys are rows [b * len, (b + 1) * len) (dense KV);
@@ -110,6 +112,26 @@ gpu::status_t hstu_backward(const AttentionBackwardArgs& args, const LaunchOptio
 // the HSTU mask fields at their defaults are ignored (no causal mask).
 gpu::status_t gdpa_forward(const AttentionForwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
 gpu::status_t gdpa_backward(const AttentionBackwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
+
+// ---- the offsets' values (attention_offsets.cu) ----------------------------------------------------------
+// The kernels clamp every sequence into its tensor's rows and max length (sample_rows), so invalid offsets
+// cost a wrong result, never an access out of bounds; validate_offsets records the first invalid value it
+// meets in the device error record (`op`, code = OffsetsCheck, values {OffsetsArg, position, value, other}:
+// attention_offsets.h).
+// The forward bindings enqueue it before the forward kernel; the backward reads the same offsets.
+struct OffsetsProblem {
+  common::ErrorOp op = common::ErrorOp::kHstuMha;
+  const std::int64_t* q_offsets = nullptr;     // [q_sequences + 1]
+  int q_sequences = 0;
+  std::int64_t q_rows = 0;
+  int q_max = 0;
+  const std::int64_t* num_targets = nullptr;   // [q_sequences], or null
+  const std::int64_t* kv_offsets = nullptr;    // [kv_sequences + 1], or null
+  int kv_sequences = 0;
+  std::int64_t kv_rows = 0;
+  int kv_max = 0;
+};
+gpu::status_t validate_offsets(const OffsetsProblem& p, const common::DeviceErrorSink& sink, gpu::stream_t stream);
 
 }  // namespace attention
 }  // namespace kernels

@@ -114,23 +114,38 @@ struct BwdConfig {
 };
 
 // ---- rows of one sample (SampleRows: attention_mask.h) --------------------------------------------
+// The offsets are read as given (the host does not check their values: that would be a host sync); a
+// separate kernel records invalid ones (attention_offsets.cu), and here every range is clamped into the
+// tensor's rows and the max length, so that invalid offsets never address memory outside q, k, v, out
+// or rab's [N, N] planes.
+HIPDLRM_DEVICE std::int64_t clamp_rows(std::int64_t x, std::int64_t lo, std::int64_t hi) {
+  return x < lo ? lo : (x > hi ? hi : x);
+}
+HIPDLRM_DEVICE int bounded_len(std::int64_t begin, std::int64_t end, int max_len) {
+  const std::int64_t n = end - begin;
+  return static_cast<int>(n < max_len ? n : static_cast<std::int64_t>(max_len));
+}
+
 HIPDLRM_DEVICE SampleRows sample_rows(const AttentionProblem& p, int b) {
   SampleRows r;
+  const std::int64_t lq = p.total_tokens;
   if (p.broadcast_q) {
     r.q0 = 0;
-    r.nq = static_cast<int>(p.seq_offsets[1]);
+    r.nq = bounded_len(0, clamp_rows(p.seq_offsets[1], 0, lq), p.max_seq_len);
     r.o0 = static_cast<std::int64_t>(b) * r.nq;
   } else {
-    r.q0 = p.seq_offsets[b];
-    r.nq = static_cast<int>(p.seq_offsets[b + 1] - r.q0);
+    r.q0 = clamp_rows(p.seq_offsets[b], 0, lq);
+    r.nq = bounded_len(r.q0, clamp_rows(p.seq_offsets[b + 1], r.q0, lq), p.max_seq_len);
     r.o0 = r.q0;
   }
   if (p.kv_dense_len > 0) {  // dense KV: no offsets to read
     r.kv0 = static_cast<std::int64_t>(b) * p.kv_dense_len;
     r.nkv = p.kv_dense_len;
   } else if (p.kv_offsets != nullptr) {
-    r.kv0 = p.kv_offsets[b];
-    r.nkv = static_cast<int>(p.kv_offsets[b + 1] - r.kv0);
+    const std::int64_t lkv = p.total_kv_tokens;
+    const int max_kv = p.max_seq_len_kv > 0 ? p.max_seq_len_kv : p.max_seq_len;
+    r.kv0 = clamp_rows(p.kv_offsets[b], 0, lkv);
+    r.nkv = bounded_len(r.kv0, clamp_rows(p.kv_offsets[b + 1], r.kv0, lkv), max_kv);
   } else {
     r.kv0 = r.q0;
     r.nkv = r.nq;

@@ -624,6 +624,26 @@ gpu::status_t launch(const Problem<index_t>& p, void* workspace, void* counters,
   }
 }
 
+namespace {
+
+__global__ void record_fatal_kernel(const Report* __restrict__ r, CallShape c, common::DeviceErrorSink sink, int code) {
+  if (r->last_offset_value == c.num_indices && r->first_bad_bag < 0 && r->index_violations == 0 &&
+      r->offset_repairs == 0)
+    return;
+  common::record_device_error(sink, common::ErrorOp::kBoundsCheck, code, r->index_violations, r->first_index_pos,
+                              r->first_index_value, r->first_index_table, r->first_index_bag, r->first_index_limit,
+                              r->offset_repairs, r->last_offset_value, r->first_bad_bag, r->first_bad_bag_start,
+                              r->first_bad_bag_end, c.num_indices, c.num_tables, c.total_bags, c.batch_size);
+}
+
+}  // namespace
+
+gpu::status_t launch_record_fatal(const Report* report, const CallShape& shape, const common::DeviceErrorSink& sink,
+                                  int code, gpu::stream_t stream) {
+  record_fatal_kernel<<<1, 1, 0, stream>>>(report, shape, sink, code);
+  return gpu::last_launch_status();
+}
+
 template std::size_t workspace_bytes<std::int32_t>(const Problem<std::int32_t>&, int);
 template std::size_t workspace_bytes<std::int64_t>(const Problem<std::int64_t>&, int);
 template gpu::status_t launch<std::int32_t>(const Problem<std::int32_t>&, void*, void*, int, gpu::stream_t);

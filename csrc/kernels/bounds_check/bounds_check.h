@@ -6,6 +6,7 @@
 
 #include "bounds_check_types.h"
 #include "hipdlrm/gpu/platform.h"
+#include "kernels/common/device_error.h"
 
 namespace hipdlrm {
 namespace kernels {
@@ -25,6 +26,19 @@ constexpr std::size_t kCountersBytes = 64;
 template <typename index_t>
 gpu::status_t launch(const Problem<index_t>& p, void* workspace, void* counters, int multiprocessors,
                      gpu::stream_t stream);
+
+// Reporting without a host wait: after launch(), turns the call's Report (device memory, written by that
+// launch) into a record of `sink` when it lists a problem (ErrorOp::kBoundsCheck, `code` 0 for FATAL and
+// 1 for WARNING; the values are the Report's fields in declaration order, then num_indices, num_tables,
+// total_bags, batch_size).
+struct CallShape {
+  std::int64_t num_indices = 0;
+  std::int64_t num_tables = 0;
+  std::int64_t total_bags = 0;
+  std::int64_t batch_size = 0;  // 0 with variable batch sizes (B_offsets)
+};
+gpu::status_t launch_record_fatal(const Report* report, const CallShape& shape, const common::DeviceErrorSink& sink,
+                                  int code, gpu::stream_t stream);
 
 }  // namespace bounds_check
 }  // namespace kernels

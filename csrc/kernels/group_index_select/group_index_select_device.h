@@ -153,19 +153,16 @@ std::int64_t validation_grid(std::int64_t positions, const LaunchConfig& cfg) {
                           resident_blocks<Kernel>(cfg));
 }
 
-// Checks every index of the group, 0 <= index < rows, and publishes the lowest bad global position (or
-// kNoBadIndex) through `v` (the Validation contract in group_index_select_plan.h). Run by every thread
-// of every block of the launch, before the launch's own work (it has a block barrier); `total` > 0.
+// Checks every index of the group, 0 <= index < rows, and records the first out-of-range one it meets in
+// the device error record (the Validation contract in group_index_select_plan.h). Run by every thread of
+// every block of the launch, before the launch's own work; `total` > 0.
 //
 // The positions are spread over the first min(gridDim.x, ceil(total / (kBlock * kValidatePerThread)))
 // blocks, kValidatePerThread per thread per pass with their loads in flight together; the other blocks
-// return at once and start their own work. A wave holding a bad index folds its lowest position with a
-// ballot and a wave minimum into one 64-bit atomic minimum. Each validating block then draws a ticket
-// (thread 0 only: the block's other threads go straight on to their own work), and the block that draws
-// the last one takes the minimum and writes it to the host, resetting both device words to
-// {kNoBadIndex, 0} for the next call. Nothing here waits for another block, so any grid size is safe;
-// in a grid no larger than what is resident at once (the gather's), the answer is out within a few
-// microseconds of the kernel's start: one round of index loads, a barrier and a ticket per block.
+// start their own work at once. A wave holding a bad index folds its lowest position with a ballot and
+// a wave minimum, and its lane 0 records it (member, position, value): one compare-and-swap, and only
+// while no error is pending. Nothing waits for another wave, and nothing is left for the host to wait
+// on: a bad index costs the caller an error raised at a later call, and its output row is zeros.
 HIPDLRM_DEVICE void validate_indices(const Member* members, int num_members, std::int64_t total,
                                      const Validation& v) {
   constexpr std::int64_t kPerBlock = static_cast<std::int64_t>(kBlock) * kValidatePerThread;
@@ -199,22 +196,13 @@ HIPDLRM_DEVICE void validate_indices(const Member* members, int num_members, std
     if (gpu::ballot(bad != kNoBadIndex) != 0) {
       const std::uint64_t first = gpu::wave_reduce(bad, gpu::MinOp());
       if (gpu::lane_id() == 0) {
-        gpu::atomic_min(v.first_bad, first);
-        gpu::fence_device();  // the minimum lands before this block's ticket
+        const auto pos = static_cast<std::int64_t>(first);
+        cursor.seek(members, num_members, pos);
+        const Member& m = members[cursor.k];
+        const std::int64_t local = pos - m.pos_begin;
+        common::record_device_error(v.sink, common::ErrorOp::kGroupIndexSelect, v.code,
+                                    static_cast<std::int64_t>(cursor.k), local, load_index(m, local), m.num_rows);
       }
-    }
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    gpu::fence_device();
-    if (gpu::atomic_inc_ticket(v.ticket) == blocks - 1) {
-      // Every other validating block has drawn its ticket, after its minimum.
-      gpu::fence_device();
-      const std::uint64_t first = gpu::atomic_exchange(v.first_bad, kNoBadIndex);
-      gpu::atomic_exchange(v.ticket, 0u);
-      gpu::fence_system();  // the reset is visible before the result: the host may reuse the words next
-      *reinterpret_cast<volatile std::uint64_t*>(v.result) = first;
-      gpu::fence_system();
     }
   }
 }

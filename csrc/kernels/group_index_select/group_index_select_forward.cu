@@ -18,10 +18,9 @@
 // argument (InlineMembers, read in place from the constant bank / kernarg segment), so a call is one
 // launch with nothing copied before it; larger groups read a device copy (MemberTable). The index
 // validation runs at the start of the same launch (validate_indices): the first blocks check every
-// index and publish the outcome to mapped host memory a few microseconds in, then gather like the
-// rest. The host waits for that word, not for the kernel, so it raises a clear error for a bad index
-// while the GPU stays busy with the gather. The gather itself never reads out of bounds: a row with a
-// bad index is written as zeros.
+// index and record the first bad one in the device error record, then gather like the rest. Nothing is
+// waited for: the host raises the error at a later call. The gather itself never reads out of bounds:
+// a row with a bad index is written as zeros.
 #include "group_index_select.h"
 #include "group_index_select_device.h"
 #include "hipdlrm/gpu/atomics.h"
@@ -121,7 +120,7 @@ HIPDLRM_DEVICE void gather_task(const Member& m, std::int64_t local_task) {
   }
 }
 
-// `total_positions` > 0 with a validation to publish, 0 without.
+// `total_positions` > 0 with a validation to run, 0 without.
 //
 // The second launch bound asks NVIDIA for at least 2 blocks (16 warps) per SM, i.e. at most 128
 // registers: ptxas then keeps the member fields and several rows' vectors in registers without spilling,
@@ -147,7 +146,7 @@ __global__ void __launch_bounds__(kBlock, 2)
 template <typename Table>
 gpu::status_t launch_gather(const Table& table, const Plan& plan, const Validation& validation,
                             const LaunchConfig& cfg, gpu::stream_t stream) {
-  const bool validating = validation.result != nullptr && plan.total_positions > 0;
+  const bool validating = validation.sink.record != nullptr && plan.total_positions > 0;
   if (plan.total_tasks == 0 && !validating) return gpu::kSuccess;
   std::int64_t grid = task_grid<gather_kernel<Table>>(plan.total_tasks, cfg);
   if (validating) grid = std::max(grid, validation_grid<gather_kernel<Table>>(plan.total_positions, cfg));
@@ -168,7 +167,7 @@ gpu::status_t launch_forward(const Plan& plan, const Member* table, const Valida
 
 gpu::status_t launch_validate(const Member* table, const Plan& plan, const Validation& validation,
                               const LaunchConfig& cfg, gpu::stream_t stream) {
-  if (plan.total_positions == 0 || validation.result == nullptr) return gpu::kSuccess;
+  if (plan.total_positions == 0 || validation.sink.record == nullptr) return gpu::kSuccess;
   const std::int64_t grid = validation_grid<validate_kernel>(plan.total_positions, cfg);
   validate_kernel<<<static_cast<unsigned>(grid), kBlock, 0, stream>>>(
       table, static_cast<int>(plan.members.size()), plan.total_positions, validation);

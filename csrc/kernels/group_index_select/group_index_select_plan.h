@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "hipdlrm/gpu/kernel_args.h"
+#include "kernels/common/device_error.h"
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
 #define HIPDLRM_PLAN_FN __host__ __device__ inline
@@ -51,19 +52,14 @@ inline int dtype_bytes(DType t) {
 
 constexpr std::uint64_t kNoBadIndex = ~std::uint64_t{0};
 
-// Where a kernel validates the group's indices and publishes the outcome. `first_bad` and `ticket` are
-// device memory that holds {kNoBadIndex, 0} between uses: every validation restores it (the last
-// validating block to finish resets both), so one pair serves any number of calls, one at a time.
-// `result` is 8 bytes of mapped pinned host memory set to kResultPending before the launch; the kernel
-// overwrites it with the lowest global position holding an out-of-range index, or kNoBadIndex, as soon
-// as every index has been checked -- while the rest of the kernel may still be running. A default
-// Validation (result == nullptr) validates nothing.
+// Where a kernel that validates the group's indices records the first out-of-range one it meets
+// (kernels/common/device_error.h: ErrorOp::kGroupIndexSelect, `code` naming the op, values {member,
+// position in the member, value, rows of the member}). A default Validation validates nothing.
 struct Validation {
-  std::uint64_t* first_bad = nullptr;
-  unsigned* ticket = nullptr;
-  std::uint64_t* result = nullptr;
+  common::DeviceErrorSink sink;
+  int code = 0;  // ValidationCode
 };
-constexpr std::uint64_t kResultPending = kNoBadIndex - 1;  // never a position
+enum ValidationCode : int { kForwardIndices = 0, kBackwardIndices = 1 };
 
 // 112 bytes, so that kInlineMembers of them fit a kernel's arguments on both platforms.
 struct Member {
@@ -246,13 +242,6 @@ inline void write_descriptors(const Plan& plan, void* out) {
   if (plan.members.empty()) return;
   const auto* src = reinterpret_cast<const unsigned char*>(plan.members.data());
   std::copy(src, src + descriptor_bytes(plan), static_cast<unsigned char*>(out));
-}
-
-// Index of the member that owns global position `pos` (host side, for error messages).
-inline std::size_t member_of_position(const Plan& plan, std::int64_t pos) {
-  std::size_t k = 0;
-  while (k + 1 < plan.members.size() && plan.members[k + 1].pos_begin <= pos) ++k;
-  return k;
 }
 
 }  // namespace group_index_select

@@ -84,13 +84,12 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
   }
 }
 
-// The values of seq_offsets (and num_targets), copied to the host in one go. Without host_values (the GPU
-// kernels read the offsets on the device), tensors that already passed these checks are not copied again
-// (CheckedOffsets) and layout.offsets / targets stay empty.
+// The values of seq_offsets (and num_targets), copied to the host in one go, for the paths that read them
+// there (the CPU kernels, the composite path). Without host_values (the GPU kernels) nothing is read: the
+// kernels clamp every sequence and validate_offsets records invalid values on the device, raised by a
+// later call (attention_gpu.cpp); layout.offsets / targets stay empty.
 void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, HstuLayout& layout, bool host_values) {
-  const CheckedOffsets::Tensors memo_tensors{&o.seq_offsets, o.num_targets ? &*o.num_targets : nullptr};
-  const CheckedOffsets::Context memo_context{1, tokens, 0, o.max_seq_len, 0};
-  if (!host_values && CheckedOffsets::instance().contains(memo_tensors, memo_context)) return;
+  if (!host_values) return;
   at::Tensor values = o.seq_offsets.to(at::kLong);
   if (o.num_targets) values = at::cat({values, o.num_targets->to(at::kLong)});
   values = values.to(at::kCPU).contiguous();
@@ -105,11 +104,10 @@ void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, Hst
     for (std::int64_t b = 0; b < batch; ++b) {
       const std::int64_t n = layout.offsets[b + 1] - layout.offsets[b];
       const std::int64_t t = layout.targets[b];
-      TORCH_CHECK(t >= 0 && t <= n, op, ": num_targets[", b, "] = ", t, " must be in [0, ", n,
-                  "], the length of sequence ", b);
+      TORCH_CHECK(t >= 0 && t <= n, offsets_problem(op, "num_targets", kernels::attention::kTargetsOutOfRange, b, t,
+                                                    n, "", ""));
     }
   }
-  if (!host_values) CheckedOffsets::instance().remember(memo_tensors, memo_context);
 }
 
 // [n, n] bool: valid(i, j) for one sequence of length n with `targets` targets (-1: no num_targets).

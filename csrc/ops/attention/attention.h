@@ -49,9 +49,9 @@ struct HstuLayout {
 
 // Validates q, k, v and every option (shapes, head dims, dtypes, devices, offsets and num_targets
 // values, rab shape) and throws a RuntimeError naming the argument otherwise. On a GPU the values of
-// seq_offsets and num_targets come to the host in one small copy.
-// host_values = false (the GPU kernels, which read the offsets on the device): layout.offsets / targets may stay
-// empty, and offsets tensors that already passed the checks unchanged are not copied again (CheckedOffsets).
+// seq_offsets and num_targets come to the host in one small copy where the values are needed there.
+// host_values = false (the GPU kernels, which read and check the offsets on the device): nothing is read on
+// the host and layout.offsets / targets stay empty.
 HstuLayout check_forward(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const HstuOptions& o, bool host_values = true);
 

@@ -2,21 +2,24 @@
 //
 // fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/attention_api.h). fp32 and fp64 inputs
 // take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation, and
-// the composite path is the reference the kernels are tested against. The checks read seq_offsets and
-// num_targets on the host (one small device-to-host copy) so that a bad batch raises a RuntimeError
-// instead of reaching a kernel; on the kernel path a call with offsets that already passed, unchanged (the
-// backward after its forward), skips that copy and its stream synchronisation (CheckedOffsets, common.h).
+// the composite path is the reference the kernels are tested against (it reads the offsets on the host).
+// The kernel path reads no value on the host: the forward enqueues validate_offsets, which records the
+// first invalid offset or num_targets value in the device error record (raised as a RuntimeError by a
+// later hipdlrm call or hipdlrm.synchronize()), and the kernels clamp every sequence into bounds.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
 
 #include "kernels/attention/attention_api.h"
 #include "ops/attention/attention.h"
+#include "ops/attention/common.h"
 #include "ops/attention/common_gpu.h"
+#include "ops/common/device_error_gpu.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -70,6 +73,29 @@ ka::HstuProblem make_problem(const at::Tensor& q, const HstuOptions& o, const Hs
 
 bool nothing_to_compute(const HstuLayout& layout) { return layout.tokens == 0 || layout.heads == 0; }
 
+std::string format_error(const common::DeviceError& e) {
+  const char* name = e.values[0] == ka::kNumTargets ? "num_targets" : "seq_offsets";
+  return offsets_problem("hstu_mha", name, e.code, e.values[1], e.values[2], e.values[3], "L = q.size(0)",
+                         "max_seq_len");
+}
+
+const bool kFormatterRegistered =
+    (common::register_error_formatter(common::ErrorOp::kHstuMha, &format_error), true);
+
+// Enqueues the device-side check of seq_offsets and num_targets (long, contiguous).
+void validate_values(const HstuOptions& o, const HstuLayout& layout, const at::Tensor& seq_offsets,
+                     const at::Tensor& num_targets, const common::DeviceErrorSink& sink, gpu::stream_t stream,
+                     const char* op) {
+  ka::OffsetsProblem v;
+  v.op = common::ErrorOp::kHstuMha;
+  v.q_offsets = seq_offsets.data_ptr<std::int64_t>();
+  v.q_sequences = static_cast<int>(layout.batch);
+  v.q_rows = layout.tokens;
+  v.q_max = static_cast<int>(o.max_seq_len);
+  v.num_targets = num_targets.defined() ? num_targets.data_ptr<std::int64_t>() : nullptr;
+  check_status(ka::validate_offsets(v, sink, stream), op, "offsets check launch");
+}
+
 at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
                        const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
@@ -80,10 +106,17 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
   const HstuLayout layout = check_forward(op, q, k, v, o, !runs_on_kernels(q.scalar_type()));
   const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const common::DeviceErrorSink sink = common::begin_gpu_call(q.device(), stream, op);
   if (!runs_on_kernels(q.scalar_type())) return forward_composite(q, k, v, o, layout);
 
   at::Tensor out = at::empty({layout.tokens, layout.heads, layout.dv}, q.options());
-  if (nothing_to_compute(layout)) return out;
+  if (nothing_to_compute(layout)) {
+    validate_values(o, layout, o.seq_offsets.to(at::kLong).contiguous(),
+                    o.num_targets ? o.num_targets->to(at::kLong).contiguous() : at::Tensor(), sink, stream, op);
+    common::end_gpu_call(q.device(), stream, op);
+    return out;
+  }
   ProblemStorage storage;
   const at::Tensor qc = kernel_layout(q);
   const at::Tensor kc = kernel_layout(k);
@@ -94,8 +127,9 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
   args.k = kc.data_ptr();
   args.v = vc.data_ptr();
   args.out = out.data_ptr();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
   check_status(ka::hstu_forward(args, launch_options(), stream), op, "forward kernel launch");
+  common::end_gpu_call(q.device(), stream, op);
   return out;
 }
 
@@ -111,6 +145,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
   const HstuLayout layout =
       check_backward(op, grad_out, q, k, v, o, rab_requires_grad, !runs_on_kernels(q.scalar_type()));
   const c10::cuda::CUDAGuard guard(q.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  (void)common::begin_gpu_call(q.device(), stream, op);
   if (!runs_on_kernels(q.scalar_type())) return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
 
   at::Tensor grad_q = at::empty({layout.tokens, layout.heads, layout.dqk}, q.options());
@@ -136,9 +172,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     args.grad_v = grad_v.data_ptr();
     args.grad_q_accum = grad_q_accum.data_ptr<float>();
     args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
     check_status(ka::hstu_backward(args, launch_options(), stream), op, "backward kernel launch");
   }
+  common::end_gpu_call(q.device(), stream, op);
   std::optional<at::Tensor> rab_grad;
   if (rab_requires_grad) rab_grad = grad_rab.to(o.rab->scalar_type());
   return {grad_q, grad_k, grad_v, rab_grad};

@@ -79,13 +79,10 @@ void check_options(const char* op, const at::Tensor& query, const GdpaOptions& o
   }
 }
 
-// The values of both offsets tensors, copied to the host in one go (without host_values, skipped for tensors
-// that already passed: see check_values of attention.cpp).
+// The values of both offsets tensors, copied to the host in one go, for the paths that read them there
+// (without host_values, the GPU kernels: nothing is read; see check_values of attention.cpp).
 void check_values(const char* op, const GdpaOptions& o, GdpaLayout& layout, bool host_values) {
-  const CheckedOffsets::Tensors memo_tensors{&o.query_offset, &o.key_offset};
-  const CheckedOffsets::Context memo_context{o.broadcast_q ? 3 : 2, layout.q_tokens, layout.kv_tokens,
-                                             o.max_seq_len_q, o.max_seq_len_kv};
-  if (!host_values && CheckedOffsets::instance().contains(memo_tensors, memo_context)) return;
+  if (!host_values) return;
   const at::Tensor values =
       at::cat({o.query_offset.to(at::kLong), o.key_offset.to(at::kLong)}).to(at::kCPU).contiguous();
   const std::int64_t* v = values.data_ptr<std::int64_t>();
@@ -96,7 +93,6 @@ void check_values(const char* op, const GdpaOptions& o, GdpaLayout& layout, bool
                 o.max_seq_len_q, "max_seq_len_q");
   check_offsets(op, "key_offset", layout.kv_offsets.data(), layout.batch, layout.kv_tokens, "Lkv = key.size(0)",
                 o.max_seq_len_kv, "max_seq_len_kv");
-  if (!host_values) CheckedOffsets::instance().remember(memo_tensors, memo_context);
 }
 
 // fast_gelu's z = sqrt(2/pi) (x + 0.044715 x^3).

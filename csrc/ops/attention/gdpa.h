@@ -61,9 +61,9 @@ struct GdpaLayout {
 };
 
 // Validates query, key, value and every option (shapes, head counts, head dim, dtypes, devices, the values
-// of both offsets tensors) and throws a RuntimeError naming the argument otherwise. On a GPU the offsets
-// come to the host in one small copy. host_values = false (the GPU kernels): layout.q_offsets / kv_offsets may
-// stay empty, and offsets tensors that already passed the checks unchanged are not copied again (CheckedOffsets).
+// of both offsets tensors) and throws a RuntimeError naming the argument otherwise. With host_values the offsets
+// come to the host in one small copy. host_values = false (the GPU kernels, which check them on the device):
+// nothing is read on the host and layout.q_offsets / kv_offsets stay empty.
 GdpaLayout check_gdpa_forward(const char* op, const at::Tensor& query, const at::Tensor& key,
                               const at::Tensor& value, const GdpaOptions& o, bool host_values = true);
 

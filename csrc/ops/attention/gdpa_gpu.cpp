@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "ops/attention/common.h"
 #include "ops/attention/common_gpu.h"
 #include "ops/attention/gdpa.h"
+#include "ops/common/device_error_gpu.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -83,6 +85,31 @@ ka::AttentionProblem make_problem(const at::Tensor& query, const GdpaOptions& o,
   return p;
 }
 
+std::string format_error(const common::DeviceError& e) {
+  const bool key = e.values[0] == ka::kKeyOffsets;
+  return offsets_problem("gdpa", key ? "key_offset" : "query_offset", e.code, e.values[1], e.values[2], e.values[3],
+                         key ? "Lkv = key.size(0)" : "Lq = query.size(0)", key ? "max_seq_len_kv" : "max_seq_len_q");
+}
+
+const bool kFormatterRegistered = (common::register_error_formatter(common::ErrorOp::kGdpa, &format_error), true);
+
+// Enqueues the device-side check of both offsets tensors (long, contiguous).
+void validate_values(const GdpaOptions& o, const GdpaLayout& layout, const at::Tensor& query_offset,
+                     const at::Tensor& key_offset, const common::DeviceErrorSink& sink, gpu::stream_t stream,
+                     const char* op) {
+  ka::OffsetsProblem v;
+  v.op = common::ErrorOp::kGdpa;
+  v.q_offsets = query_offset.data_ptr<std::int64_t>();
+  v.q_sequences = static_cast<int>(query_offset.numel() - 1);
+  v.q_rows = layout.q_tokens;
+  v.q_max = static_cast<int>(o.max_seq_len_q);
+  v.kv_offsets = key_offset.data_ptr<std::int64_t>();
+  v.kv_sequences = static_cast<int>(layout.batch);
+  v.kv_rows = layout.kv_tokens;
+  v.kv_max = static_cast<int>(o.max_seq_len_kv);
+  check_status(ka::validate_offsets(v, sink, stream), op, "offsets check launch");
+}
+
 // No output element has a valid key: no launch, zeros (or empty tensors).
 bool nothing_to_compute(const GdpaLayout& layout) {
   return layout.q_tokens == 0 || layout.kv_tokens == 0 || layout.batch == 0 || layout.heads == 0;
@@ -97,9 +124,16 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
                                           qk_scale, window_size, broadcast_q);
   const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o, !runs_on_kernels(query.scalar_type()));
   const c10::cuda::CUDAGuard guard(query.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const common::DeviceErrorSink sink = common::begin_gpu_call(query.device(), stream, op);
   if (!runs_on_kernels(query.scalar_type())) return gdpa_forward_composite(query, key, value, o, layout);
 
-  if (nothing_to_compute(layout)) return at::zeros({layout.out_tokens, layout.heads, layout.dim}, query.options());
+  if (nothing_to_compute(layout)) {
+    validate_values(o, layout, o.query_offset.to(at::kLong).contiguous(), o.key_offset.to(at::kLong).contiguous(),
+                    sink, stream, op);
+    common::end_gpu_call(query.device(), stream, op);
+    return at::zeros({layout.out_tokens, layout.heads, layout.dim}, query.options());
+  }
   at::Tensor out = at::empty({layout.out_tokens, layout.heads, layout.dim}, query.options());
   ProblemStorage storage;
   const at::Tensor qc = kernel_layout(query);
@@ -111,8 +145,9 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
   args.k = kc.data_ptr();
   args.v = vc.data_ptr();
   args.out = out.data_ptr();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  validate_values(o, layout, storage.query_offset, storage.key_offset, sink, stream, op);
   check_status(ka::gdpa_forward(args, launch_options(), stream), op, "forward kernel launch");
+  common::end_gpu_call(query.device(), stream, op);
   return out;
 }
 
@@ -127,6 +162,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   const GdpaLayout layout =
       check_gdpa_backward(op, grad_out, query, key, value, o, !runs_on_kernels(query.scalar_type()));
   const c10::cuda::CUDAGuard guard(query.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  (void)common::begin_gpu_call(query.device(), stream, op);
   if (!runs_on_kernels(query.scalar_type())) return gdpa_backward_composite(grad_out, query, key, value, o, layout);
 
   const std::vector<std::int64_t> q_shape{layout.q_tokens, layout.heads, layout.dim};
@@ -154,8 +191,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   args.grad_k = grad_k.data_ptr();
   args.grad_v = grad_v.data_ptr();
   args.grad_q_accum = grad_q_accum.data_ptr<float>();
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   check_status(ka::gdpa_backward(args, launch_options(), stream), op, "backward kernel launch");
+  common::end_gpu_call(query.device(), stream, op);
   return {grad_q, grad_k, grad_v};
 }
 

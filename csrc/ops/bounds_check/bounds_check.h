@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -41,10 +42,14 @@ Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indic
 // Every row count >= 0, for a rows_per_table in host memory.
 void check_rows_per_table_values(const at::Tensor& rows_per_table);
 
+// What a call's report says: FATAL's error message, WARNING's line, or "" when nothing was wrong.
+std::string report_message(const Report& r, Mode mode, const Layout& layout, std::int64_t num_indices);
+
 // After a call: FATAL throws with the first problem; WARNING prints one line when something was wrong.
 void act_on_report(const Report& r, Mode mode, const Layout& layout, std::int64_t num_indices);
 
-// Global (table-major) bag id -> (table, bag within table).
+// Global (table-major) bag id -> (table, bag within table); table -1 when the layout cannot tell (variable
+// batch sizes without the host copy of B_offsets).
 std::pair<std::int64_t, std::int64_t> locate_bag(const Layout& layout, std::int64_t global_bag);
 
 }  // namespace bounds_check

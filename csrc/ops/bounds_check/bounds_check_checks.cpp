@@ -105,21 +105,26 @@ void check_rows_per_table_values(const at::Tensor& rows_per_table) {
 std::pair<std::int64_t, std::int64_t> locate_bag(const Layout& layout, std::int64_t g) {
   if (layout.b_offsets.empty()) {
     return layout.batch_size > 0 ? std::make_pair(g / layout.batch_size, g % layout.batch_size)
-                                 : std::make_pair<std::int64_t, std::int64_t>(0, 0);
+                                 : std::make_pair<std::int64_t, std::int64_t>(-1, 0);
   }
   const auto it = std::upper_bound(layout.b_offsets.begin(), layout.b_offsets.end(), g);
   const std::int64_t t = (it - layout.b_offsets.begin()) - 1;
   return {t, g - layout.b_offsets[t]};
 }
 
-void act_on_report(const Report& r, Mode mode, const Layout& layout, std::int64_t n) {
-  if (mode == kernels::bounds_check::kIgnore) return;
+std::string report_message(const Report& r, Mode mode, const Layout& layout, std::int64_t n) {
+  if (mode == kernels::bounds_check::kIgnore) return "";
   const bool last_wrong = r.last_offset_value != n;
   std::ostringstream offsets_msg;
   if (r.first_bad_bag >= 0) {
     const auto tb = locate_bag(layout, r.first_bad_bag);
-    offsets_msg << "offsets of table " << tb.first << ", bag " << tb.second << " are [" << r.first_bad_bag_start
-                << ", " << r.first_bad_bag_end << "), not within 0 <= start <= end <= num_indices = " << n;
+    if (tb.first < 0) {
+      offsets_msg << "offsets of bag " << r.first_bad_bag << " (table-major, over every table's B_offsets bags)";
+    } else {
+      offsets_msg << "offsets of table " << tb.first << ", bag " << tb.second;
+    }
+    offsets_msg << " are [" << r.first_bad_bag_start << ", " << r.first_bad_bag_end
+                << "), not within 0 <= start <= end <= num_indices = " << n;
   }
   std::ostringstream index_msg;
   if (r.index_violations > 0) {
@@ -127,26 +132,37 @@ void act_on_report(const Report& r, Mode mode, const Layout& layout, std::int64_
               << r.first_index_table << ", bag " << r.first_index_bag << ") is not in [0, " << r.first_index_limit
               << ")";
   }
+  std::ostringstream msg;
   if (mode == kernels::bounds_check::kFatal) {
-    TORCH_CHECK(!last_wrong, "bounds_check_indices (FATAL): the last offset is ", r.last_offset_value,
-                " but indices has ", n, " entries");
-    TORCH_CHECK(r.first_bad_bag < 0, "bounds_check_indices (FATAL): ", offsets_msg.str());
-    TORCH_CHECK(r.index_violations == 0, "bounds_check_indices (FATAL): ", index_msg.str(), "; ",
-                r.index_violations, " of ", n, " indices are out of bounds");
-    return;
+    if (last_wrong) {
+      msg << "bounds_check_indices (FATAL): the last offset is " << r.last_offset_value << " but indices has " << n
+          << " entries";
+    } else if (r.first_bad_bag >= 0) {
+      msg << "bounds_check_indices (FATAL): " << offsets_msg.str();
+    } else if (r.index_violations > 0) {
+      msg << "bounds_check_indices (FATAL): " << index_msg.str() << "; " << r.index_violations << " of " << n
+          << " indices are out of bounds";
+    }
+    return msg.str();
   }
-  if ((r.index_violations == 0 && r.offset_repairs == 0) || quiet()) return;
-  std::ostringstream line;
-  line << "[hipdlrm] bounds_check_indices (WARNING): " << r.index_violations << " of " << n
-       << " indices out of bounds";
-  if (r.index_violations > 0) line << ", set to 0 (first: " << index_msg.str() << ")";
+  if (r.index_violations == 0 && r.offset_repairs == 0) return "";
+  msg << "[hipdlrm] bounds_check_indices (WARNING): " << r.index_violations << " of " << n
+      << " indices out of bounds";
+  if (r.index_violations > 0) msg << ", set to 0 (first: " << index_msg.str() << ")";
   if (r.offset_repairs > 0) {
-    line << "; " << r.offset_repairs << " offset problem(s) repaired";
-    if (last_wrong) line << " (last offset " << r.last_offset_value << " set to " << n << ")";
-    if (r.first_bad_bag >= 0) line << " (first: " << offsets_msg.str() << ")";
+    msg << "; " << r.offset_repairs << " offset problem(s) repaired";
+    if (last_wrong) msg << " (last offset " << r.last_offset_value << " set to " << n << ")";
+    if (r.first_bad_bag >= 0) msg << " (first: " << offsets_msg.str() << ")";
   }
-  line << "\n";
-  std::fputs(line.str().c_str(), stderr);
+  return msg.str();
+}
+
+void act_on_report(const Report& r, Mode mode, const Layout& layout, std::int64_t n) {
+  const std::string msg = report_message(r, mode, layout, n);
+  if (msg.empty()) return;
+  TORCH_CHECK(mode != kernels::bounds_check::kFatal, msg);
+  if (quiet()) return;
+  std::fputs((msg + "\n").c_str(), stderr);
   std::fflush(stderr);
 }
 

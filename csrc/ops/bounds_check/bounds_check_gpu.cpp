@@ -1,10 +1,14 @@
-// bounds_check_indices on CUDA / ROCm: workspace, launch, and the report.
+// bounds_check_indices on CUDA / ROCm: workspace, launch, and the report. No mode stalls the stream.
 //
-// FATAL needs the answer before returning (it raises), so it waits for the kernels. WARNING must print
-// one line per call without stalling the stream: the kernels write their Report into a slot of the
-// shared deferred-report ring (ops/common/deferred_report_gpu.h), and the line is printed by the next
-// call, or by hipdlrm.flush_bounds_check_warnings(), which also runs at interpreter exit. IGNORE reports
-// nothing.
+// FATAL: the kernels write the call's Report into device memory and one more thread turns a report that
+// lists a problem into the device error record (ops/common/device_error_gpu.h), raised by a later
+// hipdlrm call on the device or by hipdlrm.synchronize(). The indices and offsets are left as given (the
+// TBE kernels skip what is out of range). Strict mode raises in the call itself.
+// WARNING, eager: the kernels write their Report into a slot of the shared deferred-report ring
+// (ops/common/deferred_report_gpu.h), and its line is printed by the next call, or by
+// hipdlrm.flush_bounds_check_warnings(), which also runs at interpreter exit. WARNING under graph
+// capture (a ring slot cannot be handed to every replay): the Report goes to device memory and then to
+// the device's warning record, printed by a later call, once per kind. IGNORE reports nothing.
 //
 // Not checked here: rows_per_table's values (reading them would be a host sync). A negative row count
 // makes its table's check meaningless on the GPU (docs/bounds_check.md); the CPU path rejects it.
@@ -16,6 +20,7 @@
 #include "kernels/bounds_check/bounds_check.h"
 #include "ops/bounds_check/bounds_check.h"
 #include "ops/common/deferred_report_gpu.h"
+#include "ops/common/device_error_gpu.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -39,6 +44,27 @@ void* counters_for(const at::Tensor& like, gpu::stream_t stream) {
          });
 }
 
+Layout layout_of(const common::DeviceError& e) {
+  Layout l;
+  l.num_tables = e.values[12];
+  l.total_bags = e.values[13];
+  l.batch_size = e.values[14];
+  return l;
+}
+
+// The record of launch_record_fatal (kernels/bounds_check/bounds_check.h): code 0 FATAL, 1 WARNING.
+std::string format_record(const common::DeviceError& e) {
+  Report r;
+  std::int64_t* fields[] = {&r.index_violations,  &r.first_index_pos,    &r.first_index_value, &r.first_index_table,
+                            &r.first_index_bag,   &r.first_index_limit,  &r.offset_repairs,    &r.last_offset_value,
+                            &r.first_bad_bag,     &r.first_bad_bag_start, &r.first_bad_bag_end};
+  for (int i = 0; i < 11; ++i) *fields[i] = e.values[i];
+  return report_message(r, e.code == 0 ? kbc::kFatal : kbc::kWarning, layout_of(e), e.values[11]);
+}
+
+const bool kFormatterRegistered =
+    (common::register_error_formatter(common::ErrorOp::kBoundsCheck, &format_record), true);
+
 void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
              std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
              const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B, bool per_thread_atomics) {
@@ -46,9 +72,16 @@ void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const 
   const kbc::Mode m = static_cast<kbc::Mode>(mode);
   const c10::cuda::CUDAGuard guard(indices.device());
   const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
+  const common::DeviceErrorSink sink = common::begin_gpu_call(indices.device(), stream, kOp);
   const int sms = gpu::device_multiprocessors(indices.get_device());
+  bool capturing = false;
+  common::check_status(gpu::stream_is_capturing(stream, &capturing), kOp, "querying graph capture");
+  // FATAL, and WARNING under capture: the report in device memory, read by launch_record_fatal.
+  const bool on_device = m == kbc::kFatal || (m == kbc::kWarning && capturing);
+  at::Tensor device_report;
+  if (on_device) device_report = at::empty({static_cast<std::int64_t>(sizeof(kbc::Report))}, indices.options().dtype(at::kByte));
   common::DeferredReports& ring = reports();
-  const int slot = m == kbc::kIgnore ? -1 : ring.acquire();
+  const int slot = m == kbc::kIgnore || on_device ? -1 : ring.acquire();
 
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "bounds_check_indices_gpu", [&] {
     kbc::Problem<index_t> p;
@@ -62,7 +95,9 @@ void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const 
     p.b_offsets = B_offsets.has_value() ? B_offsets->data_ptr<std::int32_t>() : nullptr;
     p.mode = m;
     p.warning = warning.data_ptr<std::int64_t>();
-    p.report = slot >= 0 ? static_cast<kbc::Report*>(ring.device_record(slot)) : nullptr;
+    p.report = on_device ? static_cast<kbc::Report*>(device_report.data_ptr())
+               : slot >= 0 ? static_cast<kbc::Report*>(ring.device_record(slot))
+                           : nullptr;
     p.per_thread_atomics = per_thread_atomics;
     const auto bytes = static_cast<std::int64_t>(kbc::workspace_bytes(p, sms));
     const at::Tensor workspace = at::empty({bytes}, indices.options().dtype(at::kByte));
@@ -71,15 +106,19 @@ void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const 
   });
 
   const std::int64_t n = indices.numel();
-  if (m == kbc::kFatal) {
-    kbc::Report r;
-    ring.wait(slot, stream, &r);
-    act_on_report(r, m, layout, n);
+  if (on_device) {
+    const kbc::CallShape shape{n, layout.num_tables, layout.total_bags, layout.batch_size};
+    const common::DeviceErrorSink target =
+        m == kbc::kFatal ? sink : common::warning_sink(indices.device(), stream, kOp);
+    common::check_status(kbc::launch_record_fatal(static_cast<const kbc::Report*>(device_report.data_ptr()), shape,
+                                                  target, m == kbc::kFatal ? 0 : 1, stream),
+                         kOp, "report launch");
   } else if (m == kbc::kWarning) {
     ring.defer(slot, stream, [layout, n](const void* record) {
       act_on_report(*static_cast<const kbc::Report*>(record), kbc::kWarning, layout, n);
     });
   }
+  common::end_gpu_call(indices.device(), stream, kOp);
 }
 
 void bounds_check_indices_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,

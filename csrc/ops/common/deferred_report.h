@@ -7,6 +7,8 @@
 // CPU-only builds too (where nothing is ever pending).
 #pragma once
 
+#include <torch/library.h>
+
 #include <functional>
 
 namespace hipdlrm {
@@ -18,6 +20,18 @@ void register_flush(std::function<void()> flush);
 
 // Runs every registered flush, in registration order.
 void flush_deferred_reports();
+
+// Adds a function that waits for every device and raises the first pending device error
+// (device_error_gpu.h registers it in GPU builds).
+void register_synchronize(std::function<void()> synchronize);
+
+// Strict mode: every GPU call waits for its kernels and raises what they found before it returns (a host
+// sync per call, for debugging). Off unless HIPDLRM_STRICT_CHECKS is set to a value other than 0 when the
+// library loads; hipdlrm.set_strict_checks switches it at run time.
+bool strict_checks();
+
+// The ops every build has: _synchronize, _set_strict_checks, _strict_checks.
+void define(torch::Library& m);
 
 }  // namespace common
 }  // namespace ops

@@ -2,8 +2,6 @@
 
 #include <c10/util/Exception.h>
 
-#include <atomic>
-#include <cstring>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -50,17 +48,6 @@ const void* DeferredReports::host_record(int slot) const {
   return static_cast<const char*>(region_.host) + static_cast<std::size_t>(slot) * record_bytes_;
 }
 
-void DeferredReports::wait(int slot, gpu::stream_t stream, void* out) {
-  gpu::event_t ev = nullptr;
-  check_status(gpu::event_create(&ev), op_, "creating an event");
-  check_status(gpu::event_record(ev, stream), op_, "recording an event");
-  const gpu::status_t st = gpu::event_synchronize(ev);
-  (void)gpu::event_destroy(ev);
-  check_status(st, op_, "waiting for the kernels' report");
-  std::lock_guard<std::mutex> lock(mu_);
-  std::memcpy(out, host_record(slot), record_bytes_);
-}
-
 void DeferredReports::defer(int slot, gpu::stream_t stream, Act act) {
   gpu::event_t ev = nullptr;
   check_status(gpu::event_create(&ev), op_, "creating an event");
@@ -91,53 +78,6 @@ void DeferredReports::drain_locked(bool wait) {
         wait ? gpu::event_synchronize(pending_.front().event) : gpu::event_query(pending_.front().event);
     if (st == gpu::kNotReady) return;
     finish_front_locked();
-  }
-}
-
-// ---- MappedWords ---------------------------------------------------------------------------------------
-
-MappedWords& MappedWords::instance() {
-  static auto* words = new MappedWords();
-  return *words;
-}
-
-MappedWords::Word MappedWords::acquire(const char* op) {
-  constexpr std::size_t kPageWords = 512;
-  std::lock_guard<std::mutex> lock(mu_);
-  if (free_.empty()) {
-    const MappedRegion page = allocate_mapped(kPageWords * sizeof(std::uint64_t), op);
-    for (std::size_t i = 0; i < kPageWords; ++i)
-      free_.push_back(Word{static_cast<std::uint64_t*>(page.host) + i, static_cast<std::uint64_t*>(page.device) + i});
-  }
-  const Word w = free_.back();
-  free_.pop_back();
-  return w;
-}
-
-void MappedWords::release(const Word& w) {
-  std::lock_guard<std::mutex> lock(mu_);
-  free_.push_back(w);
-}
-
-std::uint64_t wait_for_word(const volatile std::uint64_t* word, std::uint64_t pending, gpu::stream_t stream,
-                            const char* op) {
-  constexpr unsigned kSpinsPerPoll = 1u << 12;
-  for (unsigned spin = 1;; ++spin) {
-    std::uint64_t v = *word;
-    if (v != pending) {
-      std::atomic_thread_fence(std::memory_order_acquire);
-      return v;
-    }
-    if (spin % kSpinsPerPoll != 0) continue;
-    const gpu::status_t st = gpu::stream_query(stream);
-    if (st == gpu::kNotReady) {
-      std::this_thread::yield();
-      continue;
-    }
-    check_status(st, op, "waiting for the kernel's answer");
-    v = *word;
-    TORCH_CHECK(v != pending, op, ": internal error: the kernel finished without writing its answer");
-    return v;
   }
 }
 

@@ -3,14 +3,10 @@
 // - Mapped host memory (gpu::host_alloc_mapped): a kernel writes its small result record straight into
 //   pinned host memory, so the host reads it without a copy on the stream.
 // - DeferredReports: a ring of such records, each marked by an event. A call takes a slot, its kernels
-//   write the record, and the host acts on it (prints it, or raises) once the event has completed: at a
-//   later call, at a flush (deferred_report.h), or right away for a call that must answer before it
-//   returns. The bounds check's reports.
-// - MappedWords + wait_for_word: 8-byte words that a kernel sets early in its run; the host spins on the
-//   word, not on the kernel, to answer before the call returns while the GPU keeps working. The grouped
-//   index select's validation.
+//   write the record, and the host acts on it (prints it) once the event has completed: at a later call
+//   or at a flush (deferred_report.h). The bounds check's WARNING lines.
 // - stream_state: a small device buffer per (device, stream) that kernels leave as they found it
-//   (cross-block tickets, validation words), so that no memset precedes them.
+//   (cross-block tickets), so that no memset precedes them.
 //
 // Every runtime call goes through the platform layer (hipdlrm/gpu/), so this compiles for CUDA and HIP.
 #pragma once
@@ -61,9 +57,6 @@ class DeferredReports {
   // Where the device writes the record of `slot`.
   void* device_record(int slot);
 
-  // Waits for the work enqueued on `stream` so far and copies the record of `slot` into `out`.
-  void wait(int slot, gpu::stream_t stream, void* out);
-
   // Acts on the record of `slot` once the work enqueued on `stream` so far has finished.
   void defer(int slot, gpu::stream_t stream, Act act);
 
@@ -90,31 +83,6 @@ class DeferredReports {
   int next_ = 0;
   std::deque<Pending> pending_;
 };
-
-// 8-byte words of mapped memory, one per call in flight, allocated a page at a time and kept for the
-// process. A word that a kernel may still write must not be released.
-class MappedWords {
- public:
-  struct Word {
-    std::uint64_t* host = nullptr;
-    std::uint64_t* device = nullptr;
-  };
-
-  static MappedWords& instance();
-
-  Word acquire(const char* op);
-  void release(const Word& w);
-
- private:
-  std::mutex mu_;
-  std::vector<Word> free_;
-};
-
-// Spins until *word != pending and returns it. Now and then asks whether `stream` has finished or
-// failed, so that a kernel that could not run cannot leave the host spinning, and an asynchronous
-// error surfaces here (raised naming `op`).
-std::uint64_t wait_for_word(const volatile std::uint64_t* word, std::uint64_t pending, gpu::stream_t stream,
-                            const char* op);
 
 // The data of the device buffer `name` (a string literal, told apart by its address) of (device, stream),
 // made by `make` on first use and kept for the process (never destroyed: a device tensor must not outlive

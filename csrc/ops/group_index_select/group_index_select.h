@@ -11,6 +11,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace hipdlrm {
@@ -42,7 +43,9 @@ GroupLayout check_backward(at::TensorList grad_output_group, at::TensorList indi
 // group_width in {0 (automatic), 8, 16, 32, 64}, cache_slots in {0, 1, 2}.
 void check_knobs(std::int64_t group_width, std::int64_t cache_slots, const char* op);
 
-// The error raised for the first (member-major, then position) out-of-range index.
+// The error raised for an out-of-range index (the CPU path: the first, member-major, then position).
+std::string bad_index_message(const char* op, std::size_t member, std::int64_t position, std::int64_t value,
+                              std::int64_t rows);
 [[noreturn]] void throw_bad_index(const char* op, std::size_t member, std::int64_t position, std::int64_t value,
                                   std::int64_t rows);
 

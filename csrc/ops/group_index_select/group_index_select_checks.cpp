@@ -82,10 +82,15 @@ void check_knobs(std::int64_t group_width, std::int64_t cache_slots, const char*
   TORCH_CHECK(cache_slots >= 0 && cache_slots <= 2, op, ": cache_slots must be 0, 1 or 2, got ", cache_slots);
 }
 
+std::string bad_index_message(const char* op, std::size_t member, std::int64_t position, std::int64_t value,
+                              std::int64_t rows) {
+  return c10::str(op, ": indices_group[", member, "][", position, "] = ", value, " is out of range for input_group[",
+                  member, "], which has ", rows, " rows (expected 0 <= index < ", rows, ")");
+}
+
 void throw_bad_index(const char* op, std::size_t member, std::int64_t position, std::int64_t value,
                      std::int64_t rows) {
-  TORCH_CHECK(false, op, ": indices_group[", member, "][", position, "] = ", value, " is out of range for input_group[",
-              member, "], which has ", rows, " rows (expected 0 <= index < ", rows, ")");
+  TORCH_CHECK(false, bad_index_message(op, member, position, value, rows));
   __builtin_unreachable();
 }
 

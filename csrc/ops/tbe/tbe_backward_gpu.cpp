@@ -7,6 +7,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/tbe/tbe_backward.h"
+#include "ops/common/device_error_gpu.h"
 #include "ops/tbe/tbe_backward.h"
 
 namespace hipdlrm {
@@ -58,6 +59,7 @@ at::Tensor tbe_backward_gpu(const BackwardArgs& a) {
   const BackwardShape s = check_backward_arguments(a);
   const OptimizerArgs o = check_optimizer_arguments(a);
   const c10::cuda::CUDAGuard guard(a.weights.device());
+  (void)common::begin_gpu_call(a.weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_backward");
   const at::Tensor go = a.grad_output.to(at::kFloat).contiguous();
   at::Tensor grad_psw = grad_psw_tensor(s, a);
   const int device = a.weights.get_device();
@@ -88,6 +90,7 @@ at::Tensor tbe_backward_gpu(const BackwardArgs& a) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_gpu(const BackwardArgs& a) {
   const BackwardShape s = check_backward_arguments(a);
   const c10::cuda::CUDAGuard guard(a.weights.device());
+  (void)common::begin_gpu_call(a.weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_backward");
   const at::Tensor go = a.grad_output.to(at::kFloat).contiguous();
   at::Tensor grad_psw = grad_psw_tensor(s, a);
   const auto f32 = a.weights.options().dtype(at::kFloat);

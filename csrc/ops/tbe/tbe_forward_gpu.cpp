@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/tbe/tbe_forward.h"
+#include "ops/common/device_error_gpu.h"
 #include "ops/tbe/tbe.h"
 
 namespace hipdlrm {
@@ -22,6 +23,8 @@ at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_
   const ForwardShape s = check_forward_arguments(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D,
                                                  indices, offsets, pooling_mode, per_sample_weights, output_dtype);
   const c10::cuda::CUDAGuard guard(weights.device());
+  // Raises what an earlier call's kernels recorded (e.g. the bounds check that ran before this lookup).
+  (void)common::begin_gpu_call(weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_forward");
   at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype);
   // With no bag at all, NONE-mode rows belong to no bag: they are zeros, and there is nothing to launch.
   if (s.num_features * s.batch_size == 0) return out.zero_();

@@ -207,6 +207,7 @@ hipError_t hipEventSynchronize(hipEvent_t);
 hipError_t hipEventDestroy(hipEvent_t);
 hipError_t hipEventQuery(hipEvent_t);
 hipError_t hipStreamQuery(hipStream_t);
+hipError_t hipStreamSynchronize(hipStream_t);
 hipError_t hipStreamIsCapturing(hipStream_t, hipStreamCaptureStatus*);
 hipError_t hipHostMalloc(void**, std::size_t, unsigned);
 hipError_t hipHostGetDevicePointer(void**, void*, unsigned);

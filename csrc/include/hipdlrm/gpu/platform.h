@@ -71,6 +71,7 @@ inline status_t stream_query(stream_t s) {
   if (st == kNotReady) (void)hipGetLastError();
   return st;
 }
+inline status_t stream_synchronize(stream_t s) { return hipStreamSynchronize(s); }
 inline status_t stream_is_capturing(stream_t s, bool* capturing) {
   hipStreamCaptureStatus c = hipStreamCaptureStatusNone;
   const status_t st = hipStreamIsCapturing(s, &c);
@@ -95,6 +96,7 @@ inline status_t stream_query(stream_t s) {
   if (st == kNotReady) (void)cudaGetLastError();
   return st;
 }
+inline status_t stream_synchronize(stream_t s) { return cudaStreamSynchronize(s); }
 inline status_t stream_is_capturing(stream_t s, bool* capturing) {
   cudaStreamCaptureStatus c = cudaStreamCaptureStatusNone;
   const status_t st = cudaStreamIsCapturing(s, &c);
