@@ -635,9 +635,8 @@ def test_op_rejects_non_finite_scalars():
 @requires_gpu
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_gpu_offsets_checked_again_when_changed(direction):
-    """The kernel path skips the host copy of offsets that already passed and are unchanged (the backward after
-    its forward); an offsets or num_targets tensor changed in place, or a new tensor in the memory of a freed
-    one, is checked again and raises."""
+    """Every call, forward and backward, checks the offsets on the device (nothing is remembered between
+    calls): an offsets tensor changed in place after a good call raises (here in the call: strict mode)."""
     def cuda_args(**overrides):
         args = _error_args(**overrides)
         for name in ("q", "k", "v"):
@@ -654,7 +653,7 @@ def test_gpu_offsets_checked_again_when_changed(direction):
 
     args = cuda_args(num_targets=torch.tensor([1, 0, 2]))
     first = call(args)
-    again = call(args)  # the same, unchanged tensors: not copied to the host again
+    again = call(args)  # the same tensors again
     torch.testing.assert_close(again, first, rtol=0, atol=1e-2)
     args["seq_offsets"][2] = 1  # in place: no longer non-decreasing
     with pytest.raises(RuntimeError, match=r"non-decreasing, but seq_offsets\[2\] = 1 < seq_offsets\[1\] = 2"):

@@ -511,8 +511,8 @@ def test_errors(name):
 @requires_gpu
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_gpu_offsets_checked_again_when_changed(direction):
-    """As in test_attention: offsets that passed are not copied again while unchanged; a change in place, or a
-    new tensor, is checked again."""
+    """Every call, forward and backward, checks the offsets on the device (nothing is remembered between
+    calls): an offsets tensor changed in place after a good call raises (here in the call: strict mode)."""
     args = _error_args()
     for name in ("query", "key", "value"):
         args[name] = args[name].to("cuda", torch.bfloat16)

@@ -3,7 +3,7 @@
 // fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/attention_api.h). fp32 and fp64 inputs
 // take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation, and
 // the composite path is the reference the kernels are tested against (it reads the offsets on the host).
-// The kernel path reads no value on the host: the forward enqueues validate_offsets, which records the
+// The kernel path reads no value on the host: each call enqueues validate_offsets, which records the
 // first invalid offset or num_targets value in the device error record (raised as a RuntimeError by a
 // later hipdlrm call or hipdlrm.synchronize()), and the kernels clamp every sequence into bounds.
 #include <ATen/ATen.h>
@@ -146,7 +146,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
       check_backward(op, grad_out, q, k, v, o, rab_requires_grad, !runs_on_kernels(q.scalar_type()));
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  (void)common::begin_gpu_call(q.device(), stream, op);
+  const common::DeviceErrorSink sink = common::begin_gpu_call(q.device(), stream, op);
   if (!runs_on_kernels(q.scalar_type())) return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
 
   at::Tensor grad_q = at::empty({layout.tokens, layout.heads, layout.dqk}, q.options());
@@ -172,7 +172,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     args.grad_v = grad_v.data_ptr();
     args.grad_q_accum = grad_q_accum.data_ptr<float>();
     args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
+    validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
     check_status(ka::hstu_backward(args, launch_options(), stream), op, "backward kernel launch");
+  } else {
+    validate_values(o, layout, o.seq_offsets.to(at::kLong).contiguous(),
+                    o.num_targets ? o.num_targets->to(at::kLong).contiguous() : at::Tensor(), sink, stream, op);
   }
   common::end_gpu_call(q.device(), stream, op);
   std::optional<at::Tensor> rab_grad;

@@ -163,12 +163,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
       check_gdpa_backward(op, grad_out, query, key, value, o, !runs_on_kernels(query.scalar_type()));
   const c10::cuda::CUDAGuard guard(query.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  (void)common::begin_gpu_call(query.device(), stream, op);
+  const common::DeviceErrorSink sink = common::begin_gpu_call(query.device(), stream, op);
   if (!runs_on_kernels(query.scalar_type())) return gdpa_backward_composite(grad_out, query, key, value, o, layout);
 
   const std::vector<std::int64_t> q_shape{layout.q_tokens, layout.heads, layout.dim};
   const std::vector<std::int64_t> kv_shape{layout.kv_tokens, layout.kv_heads, layout.dim};
   if (nothing_to_compute(layout)) {
+    validate_values(o, layout, o.query_offset.to(at::kLong).contiguous(), o.key_offset.to(at::kLong).contiguous(),
+                    sink, stream, op);
+    common::end_gpu_call(query.device(), stream, op);
     return {at::zeros(q_shape, query.options()), at::zeros(kv_shape, query.options()),
             at::zeros(kv_shape, query.options())};
   }
@@ -191,6 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   args.grad_k = grad_k.data_ptr();
   args.grad_v = grad_v.data_ptr();
   args.grad_q_accum = grad_q_accum.data_ptr<float>();
+  validate_values(o, layout, storage.query_offset, storage.key_offset, sink, stream, op);
   check_status(ka::gdpa_backward(args, launch_options(), stream), op, "backward kernel launch");
   common::end_gpu_call(query.device(), stream, op);
   return {grad_q, grad_k, grad_v};

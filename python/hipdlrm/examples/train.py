@@ -158,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the forward under bf16 autocast (both models; tables and optimizer state stay fp32)")
     p.add_argument("--bounds-check", choices=("fatal", "warning", "ignore"), default="warning",
                    help="TableBatchedEmbedding's bounds-check mode")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="DLRM on a GPU: run the first 3 hipdlrm steps eagerly, then capture one training step "
+                        "(bounds check, TBE forward and fused-optimizer backward, MLPs, Adam) in a CUDA graph "
+                        "and replay it for every later step (the baseline, if any, stays eager)")
     p.add_argument("--warmup-steps", type=_nonnegative_int, default=5,
                    help="first steps of a run left out of the throughput")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -249,6 +253,15 @@ def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
         args.attn_dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.tf32 and device.type != "cuda":
         parser.error("--tf32 applies to GPU runs only")
+    if args.cuda_graph:
+        if device.type != "cuda":
+            parser.error("--cuda-graph applies to GPU runs only")
+        if args.model != "dlrm":
+            parser.error("--cuda-graph applies to --model dlrm: an HSTU batch's jagged lengths change its "
+                         "tensors' shapes every step, which one captured graph cannot replay")
+        if args.distributed is not None:
+            parser.error("--cuda-graph does not combine with --distributed (TorchRec's input all-to-all "
+                         "reads the batch's lengths on the host)")
     if args.noise_floor is None:
         args.noise_floor = (args.size == "production" and args.model == "dlrm" and args.baseline == "torch"
                             and args.save is None and args.resume is None)
@@ -442,17 +455,55 @@ def train_step(model: torch.nn.Module, batch, dense_opt: torch.optim.Optimizer,
     return loss
 
 
-def make_optimizers(args: argparse.Namespace, model: torch.nn.Module) -> tuple:
-    """(Adam over the dense parameters, the tables' optimizer or None when fused)."""
-    return (torch.optim.Adam(model.dense_parameters(), lr=args.dense_lr),
+def make_optimizers(args: argparse.Namespace, model: torch.nn.Module, capturable: bool = False) -> tuple:
+    """(Adam over the dense parameters, the tables' optimizer or None when fused). ``capturable``: Adam
+    keeps its step count on the device, as a captured step needs."""
+    return (torch.optim.Adam(model.dense_parameters(), lr=args.dense_lr, capturable=capturable),
             model.embeddings.sparse_optimizer(args.lr, args.eps))
+
+
+class GraphedStep:
+    """--cuda-graph: train_step through one CUDA graph. The first ``warmup`` calls run eagerly on a side
+    stream (they are real training steps; the warm-up is what capture needs: lazy allocations, library
+    handles, hipdlrm's error record); the next call captures one step on static copies of its batch and
+    replays it, and every later call copies its batch into those copies and replays. Returns a copy of the
+    step's loss. Needs fixed batch shapes and an optimizer that keeps its state on the device."""
+
+    def __init__(self, model: torch.nn.Module, dense_opt: torch.optim.Optimizer,
+                 sparse_opt: Optional[torch.optim.Optimizer], amp: bool, warmup: int = 3) -> None:
+        self.model, self.dense_opt, self.sparse_opt, self.amp = model, dense_opt, sparse_opt, amp
+        self.warmup = warmup
+        self.graph: Optional[torch.cuda.CUDAGraph] = None
+        self.static = None
+        self.loss: Optional[torch.Tensor] = None
+
+    def __call__(self, batch) -> torch.Tensor:
+        if self.warmup > 0:
+            self.warmup -= 1
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                loss = train_step(self.model, batch, self.dense_opt, self.sparse_opt, self.amp)
+            torch.cuda.current_stream().wait_stream(side)
+            return loss
+        if self.graph is None:
+            self.static = replace(batch, dense=batch.dense.clone(), indices=batch.indices.clone(),
+                                  offsets=batch.offsets.clone(), labels=batch.labels.clone())
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.loss = train_step(self.model, self.static, self.dense_opt, self.sparse_opt, self.amp)
+        else:
+            for name in ("dense", "indices", "offsets", "labels"):
+                getattr(self.static, name).copy_(getattr(batch, name))
+        self.graph.replay()
+        return self.loss.detach().clone()
 
 
 def train_backend(args: argparse.Namespace, backend: str, device: torch.device, data,
                   resume_state: Optional[Dict[str, Any]], start_step: int) -> RunResult:
     """Trains one backend's model from its initial weights (or the checkpoint) up to --steps."""
     model = make_model(args, backend, device)
-    dense_opt, sparse_opt = make_optimizers(args, model)
+    dense_opt, sparse_opt = make_optimizers(args, model, capturable=args.cuda_graph and backend == "hipdlrm")
     history = History()
     if resume_state is not None:
         model.load_state_dict(resume_state["model"])
@@ -509,11 +560,16 @@ def _train_loop(args: argparse.Namespace, backend: str, device: torch.device, mo
     bar = progress_mod.Progress(args.steps, label or f"{args.model} {backend}", start=start_step,
                                 mode=progress or args.progress)
     pending_sizes: List[tuple] = []
+    graphed = GraphedStep(model, dense_opt, sparse_opt, args.amp) if args.cuda_graph and \
+        backend == "hipdlrm" else None
     wall_start = time.perf_counter()
     for step in range(start_step, args.steps):
         batch = next_batch(step)
         started = timer.start()
-        loss = train_step(model, batch, dense_opt, sparse_opt, args.amp)
+        if graphed is not None:
+            loss = graphed(batch)
+        else:
+            loss = train_step(model, batch, dense_opt, sparse_opt, args.amp)
         if reduce_loss is not None:
             loss = reduce_loss(loss)
         timer.stop(started, loss)
