@@ -18,7 +18,7 @@ from torch import nn
 TABLES = [("t0", 40, 8), ("t1", 24, 16), ("t2", 32, 24), ("t3", 48, 8)]  # name, rows, dim
 DENSE_IN = 4
 LOCAL_BATCH = 3
-STEPS = 6
+STEPS = 20
 EMB_LR = 0.05
 DENSE_LR = 0.1
 SHARDING_TYPES = ["table_wise", "row_wise", "column_wise", "table_row_wise"]
