@@ -27,7 +27,8 @@ from hipdlrm import BoundsCheckMode, OptimType, PoolingMode, TableBatchedEmbeddi
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 POOLINGS = [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE]
-OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD]
+OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
+              OptimType.PARTIAL_ROWWISE_ADAM]
 MIXED_SPECS = [(50, 4), (37, 8), (100, 16), (9, 3), (1, 64), (20, 130), (64, 36)]
 MIXED_MAP = [0, 1, 2, 3, 4, 5, 2, 6]
 SEQUENCE_SPECS = [(50, 24), (1, 24), (37, 24)]
@@ -125,7 +126,7 @@ def touched_rows(module, indices, offsets) -> List[torch.Tensor]:
 
 
 class ReferenceTrainer:
-    """Dense fp64 tables trained with plain PyTorch optimizers (or row-wise Adagrad written out)."""
+    """Dense fp64 tables trained with plain PyTorch optimizers (or the row-wise optimizers written out)."""
 
     def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE):
         self.module = module
@@ -169,6 +170,11 @@ class ReferenceTrainer:
                 self.steps += 1
                 for t, m, v, mask in zip(self.tables, self.m, self.v, masks):
                     m[mask], v[mask], t[mask] = adam_rows(t[mask], t.grad[mask], m[mask], v[mask], self.steps, 0.0)
+            elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+                self.steps += 1
+                for t, m, v, mask in zip(self.tables, self.m, self.state, masks):
+                    m[mask], v[mask], t[mask] = partial_rowwise_adam_rows(t[mask], t.grad[mask], m[mask], v[mask],
+                                                                          self.steps, self.wd, self.wd_mode)
             else:
                 lr, eps = SETTINGS["learning_rate"], SETTINGS["eps"]
                 for t, s, mask in zip(self.tables, self.state, masks):
@@ -237,6 +243,26 @@ def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype)
     if optimizer == OptimType.EXACT_ADAGRAD:
         for ours, table in zip(module.split_optimizer_states(), ref.tables):
             torch.testing.assert_close(ours[0].double(), ref.opt.state[table]["sum"], rtol=1e-5, atol=1e-6)
+    if optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+        for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.state):
+            assert ours[1].shape == v.shape
+            torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
+def test_partial_rowwise_adam_weight_decay(mode):
+    module = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, OptimType.PARTIAL_ROWWISE_ADAM, 0.1, mode)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 5, 70 + step)
+        grad = upstream(module, indices, offsets, 80 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, v in zip(module.split_optimizer_states(), ref.state):
+        torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("optimizer", [OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD], ids=lambda o: o.name)
@@ -276,6 +302,21 @@ def adam_rows(w, g, m, v, step, wd):
     v = b2 * v + (1 - b2) * g * g
     update = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
     return m, v, w - lr * wd * w - lr * update
+
+
+def partial_rowwise_adam_rows(w, g, m, v, step, wd, mode):
+    """FBGEMM's PARTIAL_ROWWISE_ADAM written out on some rows: Adam's first moment m per element, its second
+    moment v per row, of the row's mean squared gradient. New (m, v, w)."""
+    lr, b1, b2, eps = SETTINGS["learning_rate"], SETTINGS["beta1"], SETTINGS["beta2"], SETTINGS["eps"]
+    if mode == WeightDecayMode.L2:
+        g = g + wd * w
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * (g * g).mean(dim=1)
+    update = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)[:, None]
+    new = w - lr * update
+    if mode == WeightDecayMode.DECOUPLED:
+        new = new - lr * wd * w
+    return m, v, new
 
 
 def test_adam_matches_torch_adam():
@@ -481,6 +522,10 @@ def test_split_optimizer_states_shapes():
     adagrad = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_ADAGRAD)
     assert [[tuple(s.shape) for s in t] for t in adagrad.split_optimizer_states()] == [[(10, 4)], [(7, 3)]]
     assert set(adagrad.state_dict()) == {"weights", "momentum1", "optimizer_counters"}
+    partial = make_module(specs, None, PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM)
+    assert [[tuple(s.shape) for s in t] for t in partial.split_optimizer_states()] == [[(10, 4), (10,)],
+                                                                                       [(7, 3), (7,)]]
+    assert set(partial.state_dict()) == {"weights", "momentum1", "momentum2", "optimizer_counters"}
     sgd = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_SGD)
     assert sgd.split_optimizer_states() == [[], []]
     assert set(sgd.state_dict()) == {"weights", "optimizer_counters"}
@@ -549,9 +594,13 @@ def test_errors():
     op = torch.ops.hipdlrm.tbe_backward
     op(*op_args(module, indices, offsets, grad))  # valid
     with pytest.raises(RuntimeError, match="optimizer must be"):
-        op(*op_args(module, indices, offsets, grad, optimizer=7))
+        op(*op_args(module, indices, offsets, grad, optimizer=99))
     with pytest.raises(RuntimeError, match="momentum1 must have 16 entries"):
         op(*op_args(module, indices, offsets, grad, m1=torch.zeros(5)))
+    numel = module.weights.numel()
+    with pytest.raises(RuntimeError, match="momentum2 must have 16 entries"):  # one per row, not per weight
+        op(*op_args(module, indices, offsets, grad, optimizer=OptimType.PARTIAL_ROWWISE_ADAM, m1=torch.zeros(numel),
+                    m2=torch.zeros(numel)))
     with pytest.raises(RuntimeError, match="grad_output must have the forward output's shape"):
         op(*op_args(module, indices, offsets, torch.zeros(3, 6)))
     with pytest.raises(RuntimeError, match="indices\\[2\\] = 9"):
@@ -742,6 +791,8 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         states = [torch.randn(numel, generator=g) * 0.01, torch.rand(numel, generator=g) * 0.01]
     elif optimizer == OptimType.EXACT_ADAGRAD:
         states = [torch.rand(numel, generator=g) * 0.1, torch.empty(0)]
+    elif optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.rand(module.total_rows, generator=g) * 0.01]
     else:
         states = [torch.empty(0), torch.empty(0)]
     move = (lambda t: offset_copy(t, device)) if unaligned else (lambda t: t.clone().to(device))
