@@ -80,12 +80,16 @@ constexpr int kSegmentBlock = 128;
 // Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 6 (80
 // registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4 and for an
 // optimizer with per-element state (Adam's two states per element spill in 80 registers), 3 for that with
-// 4. The apply kernel is bound by the latency of its per-segment integer work, so more warps beat more
-// loads in flight per warp (docs/tbe.md, "Backward"). AMD takes no bound: hipcc's second launch bound
-// means waves per SIMD, and the unbounded kernels fit 3 or more waves per SIMD there.
+// 4; 5 (96 registers, 20 warps) with up to 2 vectors for one with row sums and no element state (row-wise
+// Adagrad: its measuring pass spills in 80). The apply kernel is bound by the latency of its per-segment
+// integer work, so more warps beat more loads in flight per warp (docs/tbe.md, "Backward"). AMD takes no
+// bound: hipcc's second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves
+// per SIMD there.
 template <int K, OptimType kOpt>
 constexpr int segment_min_blocks() {
-  return OptimizerTraits<kOpt>::kElementStates > 0 ? (K >= 4 ? 3 : 4) : (K <= 2 ? 6 : 4);
+  if constexpr (OptimizerTraits<kOpt>::kElementStates > 0) return K >= 4 ? 3 : 4;
+  if constexpr (OptimizerTraits<kOpt>::kRowSums > 0) return K <= 2 ? 5 : 4;
+  return K <= 2 ? 6 : 4;
 }
 #define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
 
