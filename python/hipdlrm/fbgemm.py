@@ -43,8 +43,8 @@ __all__ = [
 
 class EmbOptimType(enum.Enum):
     """FBGEMM's optimizer names (string-valued, as ``fbgemm_gpu.split_embedding_configs.EmbOptimType``).
-    hipdlrm trains EXACT_SGD (SGD too), EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, PARTIAL_ROWWISE_ADAM and
-    NONE; the others are rejected."""
+    hipdlrm trains EXACT_SGD (SGD too), EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, PARTIAL_ROWWISE_ADAM,
+    LARS_SGD and NONE; the others are rejected."""
 
     SGD = "sgd"
     EXACT_SGD = "exact_sgd"
@@ -193,6 +193,7 @@ _OPTIMIZERS = {
     EmbOptimType.ADAM: _HipOptimType.ADAM,
     EmbOptimType.EXACT_ADAGRAD: _HipOptimType.EXACT_ADAGRAD,
     EmbOptimType.PARTIAL_ROWWISE_ADAM: _HipOptimType.PARTIAL_ROWWISE_ADAM,
+    EmbOptimType.LARS_SGD: _HipOptimType.LARS_SGD,
     EmbOptimType.NONE: _HipOptimType.NONE,
 }
 
@@ -234,6 +235,14 @@ def _weight_decay(optimizer: EmbOptimType, weight_decay: float,
                              "weight_decay decoupled (AdamW) whatever the mode; pass WeightDecayMode.DECOUPLE (or NONE) "
                              "for that, or use hipdlrm.TableBatchedEmbedding for L2 Adam")
         return float(weight_decay), _HipWeightDecayMode.DECOUPLED
+    if optimizer == EmbOptimType.LARS_SGD:
+        # FBGEMM's LARS always applies its weight decay (gradient and trust ratio), whatever weight_decay_mode
+        # says: hipdlrm's L2.
+        if mode == WeightDecayMode.DECOUPLE:
+            raise ValueError("weight_decay_mode=DECOUPLE with LARS_SGD: FBGEMM's LARS_SGD adds weight_decay * w to "
+                             "the gradient (and its trust ratio) whatever the mode; pass WeightDecayMode.L2 (or NONE) "
+                             "for that")
+        return float(weight_decay), _HipWeightDecayMode.L2
     # EXACT_ROWWISE_ADAGRAD: FBGEMM's NONE mode leaves weight_decay unused.
     if mode == WeightDecayMode.NONE:
         return 0.0, _HipWeightDecayMode.NONE
@@ -538,7 +547,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                      if fbgemm_optimizer == EmbOptimType.ROWWISE_ADAGRAD else "")
             raise _unsupported("optimizer", fbgemm_optimizer,
                                "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, "
-                               "PARTIAL_ROWWISE_ADAM, NONE" + extra)
+                               "PARTIAL_ROWWISE_ADAM, LARS_SGD, NONE" + extra)
         if gradient_clipping:
             raise _unsupported("gradient_clipping", gradient_clipping, "False (gradient clipping is not implemented)")
         if float(max_norm) > 0.0:
@@ -619,6 +628,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             beta1=float(beta1),
             beta2=float(beta2),
             stochastic_rounding=bool(stochastic_rounding),
+            eta=float(eta),
+            momentum=float(momentum),
         )
         self.fbgemm_optimizer: EmbOptimType = fbgemm_optimizer
         self.fbgemm_weight_decay_mode: WeightDecayMode = fbgemm_weight_decay_mode
@@ -760,7 +771,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """FBGEMM's per-table views: ``[momentum1 [rows]]`` (EXACT_ROWWISE_ADAGRAD), ``[momentum1 [rows, dim],
-        momentum2 [rows, dim]]`` (ADAM), ``[momentum1 [rows, dim], momentum2 [rows]]`` (PARTIAL_ROWWISE_ADAM);
+        momentum2 [rows, dim]]`` (ADAM), ``[momentum1 [rows, dim], momentum2 [rows]]`` (PARTIAL_ROWWISE_ADAM),
+        ``[momentum1 [rows, dim]]`` (LARS_SGD);
         ``[]`` (not one empty list per table) for SGD, as FBGEMM returns."""
         self._no_optimizer_state("split_optimizer_states")
         if self.optimizer == _HipOptimType.EXACT_SGD:
@@ -770,10 +782,13 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
     def get_optimizer_state(self) -> List[Dict[str, torch.Tensor]]:
         """Per table, the state under torch.optim's names: ``{"sum"}`` (the Adagrads), ``{"exp_avg",
         "exp_avg_sq"}`` (the Adams; partial row-wise Adam's exp_avg_sq has one per row); ``[]`` for SGD (FBGEMM's
-        result: it has no state)."""
+        result: it has no state); LARS_SGD: ``{"momentum_buffer"}`` (torch.optim.SGD's name; FBGEMM raises
+        NotImplementedError there)."""
         states = self.split_optimizer_states()
         if self.optimizer in (_HipOptimType.EXACT_ROWWISE_ADAGRAD, _HipOptimType.EXACT_ADAGRAD):
             return [{"sum": s[0]} for s in states]
+        if self.optimizer == _HipOptimType.LARS_SGD:
+            return [{"momentum_buffer": s[0]} for s in states]
         if self.optimizer in (_HipOptimType.ADAM, _HipOptimType.PARTIAL_ROWWISE_ADAM):
             return [{"exp_avg": s[0], "exp_avg_sq": s[1]} for s in states]
         return []

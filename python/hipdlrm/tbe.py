@@ -64,7 +64,8 @@ class OptimType(enum.IntEnum):
     ADAM: two fp32 states per element, bias-corrected with the module's step counter. EXACT_ADAGRAD: one
     fp32 state per element, ``s += g^2``, ``w -= lr * g / (sqrt(s) + eps)`` (torch.optim.Adagrad's step).
     PARTIAL_ROWWISE_ADAM: Adam with its first moment per element and its second moment per row (of the row's
-    ``mean(g^2)``), as FBGEMM's. "Exact": only rows looked up in the batch are updated, each once with the sum of its gradients.
+    ``mean(g^2)``), as FBGEMM's. LARS_SGD (FBGEMM's): momentum SGD at a per-row learning rate
+    ``lr * eta * |w| / (|g| + wd * |w|)``, one fp32 momentum per element. "Exact": only rows looked up in the batch are updated, each once with the sum of its gradients.
     """
 
     NONE = 0
@@ -73,6 +74,7 @@ class OptimType(enum.IntEnum):
     ADAM = 3
     EXACT_ADAGRAD = 4
     PARTIAL_ROWWISE_ADAM = 5
+    LARS_SGD = 6
 
 
 class WeightDecayMode(enum.IntEnum):
@@ -89,7 +91,7 @@ _FLOAT_FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 # bytes always take the kernels' 16-byte vector path (FBGEMM packs tables back to back instead).
 _TABLE_ALIGN_BYTES = 128
 _FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
-          OptimType.PARTIAL_ROWWISE_ADAM)
+          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD)
 _ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM)
 
 
@@ -250,7 +252,9 @@ class TableBatchedEmbedding(nn.Module):
             tables in place. ``OptimType.NONE`` gives ``weights.grad`` a sparse gradient instead; ``None``
             makes an inference-only module (weights that do not require grad).
         learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2: the optimizer's settings
-            (beta1/beta2: the Adams only; eps: the Adagrads and the Adams).
+            (beta1/beta2: the Adams only; eps: the Adagrads and the Adams; LARS_SGD's weight decay is its
+            own, in the trust ratio too, with weight_decay_mode L2).
+        eta, momentum: LARS_SGD's trust coefficient (> 0) and momentum (in [0, 1)); FBGEMM's defaults.
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
 
@@ -282,6 +286,8 @@ class TableBatchedEmbedding(nn.Module):
         beta1: float = 0.9,
         beta2: float = 0.999,
         stochastic_rounding: bool = True,
+        eta: float = 0.001,
+        momentum: float = 0.9,
     ) -> None:
         super().__init__()
         specs = self._validate_specs(embedding_specs)
@@ -346,7 +352,7 @@ class TableBatchedEmbedding(nn.Module):
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
         self._init_optimizer(optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                             stochastic_rounding)
+                             stochastic_rounding, eta, momentum)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -366,10 +372,11 @@ class TableBatchedEmbedding(nn.Module):
         return specs
 
     def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                        stochastic_rounding) -> None:
+                        stochastic_rounding, eta, momentum) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
         ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
-        weight), ``momentum2`` (Adam: one per weight; partial row-wise Adam: one per row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
+        weight; LARS: one per weight), ``momentum2`` (Adam: one per weight; partial row-wise Adam: one per
+        row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
         self.optimizer = None if optimizer is None else OptimType(optimizer)
         self.weight_decay_mode = WeightDecayMode(weight_decay_mode)
         self.learning_rate = _finite(learning_rate, "learning_rate")
@@ -378,10 +385,20 @@ class TableBatchedEmbedding(nn.Module):
         self.beta1 = _finite(beta1, "beta1")
         self.beta2 = _finite(beta2, "beta2")
         self.stochastic_rounding = bool(stochastic_rounding)
+        self.eta = _finite(eta, "eta")
+        self.momentum = _finite(momentum, "momentum")
         if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD) + _ADAMS and self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
         if self.optimizer in _ADAMS and not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1} and {beta2}")
+        if self.optimizer == OptimType.LARS_SGD:
+            if self.eta <= 0:
+                raise ValueError(f"eta must be > 0, got {eta}")
+            if not 0 <= self.momentum < 1:
+                raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+            if self.weight_decay_mode == WeightDecayMode.DECOUPLED:
+                raise ValueError("weight_decay_mode=DECOUPLED with LARS_SGD: its weight decay is part of its trust "
+                                 "ratio; use WeightDecayMode.L2")
         if self.optimizer is None:
             return
         if self.optimizer == OptimType.NONE:
@@ -395,7 +412,7 @@ class TableBatchedEmbedding(nn.Module):
         elif self.optimizer == OptimType.ADAM:
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
             self.register_buffer("momentum2", torch.zeros(self.weights.numel(), **f32))
-        elif self.optimizer == OptimType.EXACT_ADAGRAD:
+        elif self.optimizer in (OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
         elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
@@ -416,7 +433,7 @@ class TableBatchedEmbedding(nn.Module):
         none = torch.empty(0, dtype=torch.float32, device=self.weights.device)
         return (int(self.optimizer), getattr(self, "momentum1", none), getattr(self, "momentum2", none),
                 self.learning_rate, self.eps, self.beta1, self.beta2, self.weight_decay, int(self.weight_decay_mode),
-                self.stochastic_rounding, self.optimizer_counters)
+                self.stochastic_rounding, self.optimizer_counters, self.eta, self.momentum)
 
     # ---- nn.Module hooks: dtype casts, checkpoints ----
 
@@ -481,14 +498,14 @@ class TableBatchedEmbedding(nn.Module):
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
         ``[momentum1 [rows]]``, Adam ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
-        ``[momentum1 [rows, dim]]``, partial row-wise Adam ``[momentum1 [rows, dim], momentum2 [rows]]``, SGD
+        and LARS ``[momentum1 [rows, dim]]``, partial row-wise Adam ``[momentum1 [rows, dim], momentum2 [rows]]``, SGD
         and NONE ``[]``."""
         states: List[List[torch.Tensor]] = []
         for t, (rows, dim) in enumerate(self.embedding_specs):
             if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
                 start = self.table_row_offsets[t]
                 states.append([self.momentum1.detach()[start:start + rows]])
-            elif self.optimizer in (OptimType.ADAM, OptimType.EXACT_ADAGRAD):
+            elif self.optimizer in (OptimType.ADAM, OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
                 start = self.table_offsets[t]
                 element_states = (self.momentum1, self.momentum2) if self.optimizer == OptimType.ADAM else (
                     self.momentum1,)

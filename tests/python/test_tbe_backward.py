@@ -28,12 +28,12 @@ from hipdlrm import BoundsCheckMode, OptimType, PoolingMode, TableBatchedEmbeddi
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 POOLINGS = [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE]
 OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
-              OptimType.PARTIAL_ROWWISE_ADAM]
+              OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD]
 MIXED_SPECS = [(50, 4), (37, 8), (100, 16), (9, 3), (1, 64), (20, 130), (64, 36)]
 MIXED_MAP = [0, 1, 2, 3, 4, 5, 2, 6]
 SEQUENCE_SPECS = [(50, 24), (1, 24), (37, 24)]
 SEQUENCE_MAP = [0, 1, 2, 0]
-SETTINGS = dict(learning_rate=0.05, eps=1e-2, beta1=0.8, beta2=0.95)
+SETTINGS = dict(learning_rate=0.05, eps=1e-2, beta1=0.8, beta2=0.95, eta=0.5, momentum=0.7)
 
 
 def _seed(*parts) -> int:
@@ -175,6 +175,10 @@ class ReferenceTrainer:
                 for t, m, v, mask in zip(self.tables, self.m, self.state, masks):
                     m[mask], v[mask], t[mask] = partial_rowwise_adam_rows(t[mask], t.grad[mask], m[mask], v[mask],
                                                                           self.steps, self.wd, self.wd_mode)
+            elif self.optimizer == OptimType.LARS_SGD:
+                wd = self.wd if self.wd_mode == WeightDecayMode.L2 else 0.0
+                for t, m, mask in zip(self.tables, self.m, masks):
+                    m[mask], t[mask] = lars_rows(t[mask], t.grad[mask], m[mask], wd)
             else:
                 lr, eps = SETTINGS["learning_rate"], SETTINGS["eps"]
                 for t, s, mask in zip(self.tables, self.state, masks):
@@ -243,11 +247,49 @@ def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype)
     if optimizer == OptimType.EXACT_ADAGRAD:
         for ours, table in zip(module.split_optimizer_states(), ref.tables):
             torch.testing.assert_close(ours[0].double(), ref.opt.state[table]["sum"], rtol=1e-5, atol=1e-6)
+    if optimizer == OptimType.LARS_SGD:
+        for ours, m in zip(module.split_optimizer_states(), ref.m):
+            torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
     if optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
         for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.state):
             assert ours[1].shape == v.shape
             torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+def test_lars_weight_decay():
+    module = case(PoolingMode.SUM, OptimType.LARS_SGD, weight_decay=0.1, weight_decay_mode=WeightDecayMode.L2)
+    ref = ReferenceTrainer(module, OptimType.LARS_SGD, 0.1, WeightDecayMode.L2)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 5, 90 + step)
+        grad = upstream(module, indices, offsets, 95 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, m in zip(module.split_optimizer_states(), ref.m):
+        torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+
+
+def test_lars_rows_without_norm_take_no_step():
+    """A looked-up row with zero gradient (its per-sample weight is 0) and no decay: the rate's 0 / 0 is
+    taken as 0, so the row and its momentum keep their values (FBGEMM's formula would give NaN); a row of
+    zero weights gets rate 0 (LARS's trust ratio), as FBGEMM's."""
+    module = make_module([(4, 8)], None, PoolingMode.SUM, OptimType.LARS_SGD)
+    with torch.no_grad():
+        module.weights.view(4, 8)[2].zero_()
+        module.momentum1.fill_(0.25)
+    before = module.weights.detach().clone().view(4, 8)
+    indices, offsets = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2, 3])
+    psw = torch.tensor([0.0, 1.0, 1.0])
+    train_step(module, indices, offsets, psw, torch.ones(3, 8))
+    after, m = module.weights.detach().view(4, 8), module.momentum1.view(4, 8)
+    assert torch.isfinite(after).all() and torch.isfinite(m).all()
+    # rate 0: the momentum decays, and the row moves by it
+    torch.testing.assert_close(m[0], torch.full((8,), 0.25 * SETTINGS["momentum"]))
+    torch.testing.assert_close(after[0], before[0] - 0.25 * SETTINGS["momentum"])
+    torch.testing.assert_close(m[2], torch.full((8,), 0.25 * SETTINGS["momentum"]))
+    assert not torch.equal(after[1], before[1])
 
 
 @pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
@@ -317,6 +359,17 @@ def partial_rowwise_adam_rows(w, g, m, v, step, wd, mode):
     if mode == WeightDecayMode.DECOUPLED:
         new = new - lr * wd * w
     return m, v, new
+
+
+def lars_rows(w, g, m, wd):
+    """FBGEMM's LARS_SGD written out on some rows: each row's rate lr * eta * |w| / (|g| + wd |w|) (0 where
+    that denominator is 0), then momentum SGD on g + wd w at that rate. New (m, w)."""
+    lr, eta, mu = SETTINGS["learning_rate"], SETTINGS["eta"], SETTINGS["momentum"]
+    w_norm, g_norm = w.norm(dim=1), g.norm(dim=1)
+    denominator = g_norm + wd * w_norm
+    rate = torch.where(denominator > 0, lr * eta * w_norm / denominator.clamp_min(1e-300), 0.0)
+    m = mu * m + rate[:, None] * (g + wd * w)
+    return m, w - m
 
 
 def test_adam_matches_torch_adam():
@@ -526,6 +579,8 @@ def test_split_optimizer_states_shapes():
     assert [[tuple(s.shape) for s in t] for t in partial.split_optimizer_states()] == [[(10, 4), (10,)],
                                                                                        [(7, 3), (7,)]]
     assert set(partial.state_dict()) == {"weights", "momentum1", "momentum2", "optimizer_counters"}
+    lars = make_module(specs, None, PoolingMode.SUM, OptimType.LARS_SGD)
+    assert [[tuple(s.shape) for s in t] for t in lars.split_optimizer_states()] == [[(10, 4)], [(7, 3)]]
     sgd = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_SGD)
     assert sgd.split_optimizer_states() == [[], []]
     assert set(sgd.state_dict()) == {"weights", "optimizer_counters"}
@@ -601,6 +656,19 @@ def test_errors():
     with pytest.raises(RuntimeError, match="momentum2 must have 16 entries"):  # one per row, not per weight
         op(*op_args(module, indices, offsets, grad, optimizer=OptimType.PARTIAL_ROWWISE_ADAM, m1=torch.zeros(numel),
                     m2=torch.zeros(numel)))
+    lars = op_args(module, indices, offsets, grad, optimizer=OptimType.LARS_SGD, m1=torch.zeros(numel))
+    for extra, message in (([0.0, 0.9], "eta must be a finite number > 0, got 0"),
+                           ([0.001, 1.0], r"momentum must be in \[0, 1\), got 1"),
+                           ([0.001, -0.5], r"momentum must be in \[0, 1\), got -0.5")):
+        with pytest.raises(RuntimeError, match=message):
+            op(*lars, *extra)
+    lars[21] = int(WeightDecayMode.DECOUPLED)
+    with pytest.raises(RuntimeError, match="weight_decay_mode must be 0 \\(NONE\\) or 1 \\(L2\\)"):
+        op(*lars)
+    for kwargs, message in ((dict(eta=0.0), "eta must be > 0"), (dict(momentum=1.0), r"momentum must be in \[0, 1\)"),
+                            (dict(weight_decay_mode=WeightDecayMode.DECOUPLED), "use WeightDecayMode.L2")):
+        with pytest.raises(ValueError, match=message):
+            make_module([(4, 4)], None, PoolingMode.SUM, OptimType.LARS_SGD, **kwargs)
     with pytest.raises(RuntimeError, match="grad_output must have the forward output's shape"):
         op(*op_args(module, indices, offsets, torch.zeros(3, 6)))
     with pytest.raises(RuntimeError, match="indices\\[2\\] = 9"):
@@ -793,6 +861,8 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         states = [torch.rand(numel, generator=g) * 0.1, torch.empty(0)]
     elif optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
         states = [torch.randn(numel, generator=g) * 0.01, torch.rand(module.total_rows, generator=g) * 0.01]
+    elif optimizer == OptimType.LARS_SGD:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.empty(0)]
     else:
         states = [torch.empty(0), torch.empty(0)]
     move = (lambda t: offset_copy(t, device)) if unaligned else (lambda t: t.clone().to(device))

@@ -1063,6 +1063,10 @@ void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspa
       launch_apply_weights<K, OptimType::kPartialRowwiseAdam>(sp, weights_dtype, w, num_segments, max_segments,
                                                               wave_size, multiprocessors, stream);
       break;
+    case OptimType::kLarsSgd:
+      launch_apply_weights<K, OptimType::kLarsSgd>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
+                                                   multiprocessors, stream);
+      break;
     default:
       launch_apply_weights<K, OptimType::kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,
                                      stream);

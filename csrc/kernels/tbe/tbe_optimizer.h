@@ -32,6 +32,8 @@ struct OptimizerArgs {
   float beta1 = 0.0f;
   float beta2 = 0.0f;
   float weight_decay = 0.0f;
+  float eta = 0.0f;       // LARS's trust coefficient
+  float momentum = 0.0f;  // LARS's momentum
   bool stochastic_rounding = false;
   // Set by set_step:
   float bias_correction1 = 1.0f;  // 1 - beta1^step (the Adams)
@@ -73,6 +75,12 @@ struct OptimizerTraits<OptimType::kPartialRowwiseAdam> {
   static constexpr bool kRowState = true;
   static constexpr int kRowSums = 1;
 };
+template <>
+struct OptimizerTraits<OptimType::kLarsSgd> {
+  static constexpr int kElementStates = 1;
+  static constexpr bool kRowState = false;
+  static constexpr int kRowSums = 2;
+};
 
 // Whether the optimizer's step uses Adam's bias corrections (set_step).
 HIPDLRM_HOST_DEVICE constexpr bool uses_bias_correction(OptimType t) {
@@ -84,31 +92,47 @@ HIPDLRM_HOST_DEVICE constexpr bool uses_bias_correction(OptimType t) {
 // lanes and reduces them across the wave), then turns the sums into the row's multiplier for update_element,
 // updating its per-row state on the way.
 
-constexpr int kMaxRowSums = 1;
+constexpr int kMaxRowSums = 2;
 
 // Adds one element's terms to the row's sums (w: its weight before the update, g: its summed gradient).
-// The Adagrad and the Adam: the squared gradient (L2 decay included).
+// Row-wise Adagrad and partial row-wise Adam: the squared gradient (L2 decay included). LARS: the squared
+// weight and the squared gradient (decay excluded: it enters the trust ratio through the weight's norm).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, float (&sums)[kMaxRowSums]) {
   static_assert(OptimizerTraits<kOpt>::kRowSums > 0, "an optimizer with row sums");
-  if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
-  sums[0] = fmaf(g, g, sums[0]);
+  if constexpr (kOpt == OptimType::kLarsSgd) {
+    sums[0] = fmaf(w, w, sums[0]);
+    sums[1] = fmaf(g, g, sums[1]);
+  } else {
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    sums[0] = fmaf(g, g, sums[0]);
+  }
 }
 
 // The row's multiplier from its sums over D columns; `state` is the row's state (read and updated).
 // Row-wise Adagrad: the state grows by the mean squared gradient; the multiplier is the row's step size.
 // Partial row-wise Adam (FBGEMM's PARTIAL_ROWWISE_ADAM): the state is the second moment of the row's mean
 // squared gradient; the multiplier is 1 / (sqrt(bias-corrected second moment) + eps).
+// LARS (FBGEMM's LARS_SGD; no state): the row's learning rate lr * eta * |w| / (|g| + wd * |w|), wd the L2
+// decay; 0 where that denominator is 0 (then the row's gradient and decay are 0, so it gets no new step,
+// where FBGEMM's 0 / 0 would write NaN into the momentum).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, const float (&sums)[kMaxRowSums],
                                          std::int64_t D) {
-  static_assert(kOpt == OptimType::kExactRowwiseAdagrad || kOpt == OptimType::kPartialRowwiseAdam,
+  static_assert(kOpt == OptimType::kExactRowwiseAdagrad || kOpt == OptimType::kPartialRowwiseAdam ||
+                    kOpt == OptimType::kLarsSgd,
                 "an optimizer with a row step");
+  if constexpr (kOpt == OptimType::kLarsSgd) {
+    const float wd = o.weight_decay_mode == WeightDecayMode::kL2 ? o.weight_decay : 0.0f;
+    const float weight_norm = sqrtf(sums[0]);
+    const float denominator = sqrtf(sums[1]) + wd * weight_norm;
+    return denominator > 0.0f ? o.learning_rate * o.eta * weight_norm / denominator : 0.0f;
+  }
   const float mean_square = sums[0] / static_cast<float>(D);
   if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
     state += mean_square;
     return o.learning_rate / (sqrtf(state) + o.eps);
-  } else {
+  } else if constexpr (kOpt == OptimType::kPartialRowwiseAdam) {
     state = o.beta2 * state + (1.0f - o.beta2) * mean_square;
     return 1.0f / (sqrtf(state / o.bias_correction2) + o.eps);
   }
@@ -118,13 +142,13 @@ HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, c
 
 // The new value of one weight w from its summed gradient g. `multiplier` is the row's (row_multiplier; unused
 // by the optimizers without row sums); m1 and m2 are the element's states (read and updated: Adam both,
-// Adagrad and partial row-wise Adam m1; unused by the others).
+// Adagrad, partial row-wise Adam and LARS m1; unused by the others).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float g, float multiplier, float& m1,
                                          float& m2) {
   static_assert(kOpt == OptimType::kExactSgd || kOpt == OptimType::kExactRowwiseAdagrad ||
                     kOpt == OptimType::kExactAdagrad || kOpt == OptimType::kAdam ||
-                    kOpt == OptimType::kPartialRowwiseAdam,
+                    kOpt == OptimType::kPartialRowwiseAdam || kOpt == OptimType::kLarsSgd,
                 "an optimizer with an update");
   if constexpr (kOpt == OptimType::kExactSgd) {
     // Decoupled decay is the same step for SGD: w - lr * (g + wd * w).
@@ -142,6 +166,11 @@ HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float 
     float next = w - o.learning_rate * g / (sqrtf(m1) + o.eps);
     if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
     return next;
+  } else if constexpr (kOpt == OptimType::kLarsSgd) {
+    // Momentum SGD at the row's LARS learning rate (multiplier), on the L2-decayed gradient.
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    m1 = o.momentum * m1 + multiplier * g;
+    return w - m1;
   } else if constexpr (kOpt == OptimType::kPartialRowwiseAdam) {
     // Adam's first moment per element, the row's second moment in the multiplier.
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);

@@ -299,6 +299,7 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
       case OptimType::kPartialRowwiseAdam:
         apply_rows<scalar_t, OptimType::kPartialRowwiseAdam>(p, o, w, m1, m2);
         break;
+      case OptimType::kLarsSgd: apply_rows<scalar_t, OptimType::kLarsSgd>(p, o, w, m1, m2); break;
       case OptimType::kNone: break;  // rejected by check_optimizer_arguments
     }
   });
@@ -343,7 +344,8 @@ void define_backward(torch::Library& m) {
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
       "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
-      "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters) -> Tensor");
+      "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters, float eta=0.001, "
+      "float momentum=0.9) -> Tensor");
   m.def(
       "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
@@ -401,6 +403,8 @@ BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit:
   a.weight_decay_mode = s["weight_decay_mode"].toInt();
   a.stochastic_rounding = s["stochastic_rounding"].toBool();
   a.optimizer_counters = s["optimizer_counters"].toTensor();
+  a.eta = s["eta"].toDouble();
+  a.momentum = s["momentum"].toDouble();
   return a;
 }
 
@@ -446,9 +450,9 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   const auto code = [](OptimType t) { return static_cast<std::int64_t>(t); };
   TORCH_CHECK(optimizer == code(OptimType::kExactSgd) || optimizer == code(OptimType::kExactRowwiseAdagrad) ||
                   optimizer == code(OptimType::kAdam) || optimizer == code(OptimType::kExactAdagrad) ||
-                  optimizer == code(OptimType::kPartialRowwiseAdam),
-              "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM), 4 (EXACT_ADAGRAD) or "
-              "5 (PARTIAL_ROWWISE_ADAM), got ", optimizer);
+                  optimizer == code(OptimType::kPartialRowwiseAdam) || optimizer == code(OptimType::kLarsSgd),
+              "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM), 4 (EXACT_ADAGRAD), "
+              "5 (PARTIAL_ROWWISE_ADAM) or 6 (LARS_SGD), got ", optimizer);
   TORCH_CHECK(a.weight_decay_mode >= static_cast<std::int64_t>(ktbe::WeightDecayMode::kNone) &&
                   a.weight_decay_mode <= static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
               "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", a.weight_decay_mode);
@@ -464,6 +468,15 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     check_state("momentum1", a.momentum1, weights, a.total_rows, "one per row, total_rows");
     check_state("momentum2", a.momentum2, weights, 0, "EXACT_ROWWISE_ADAGRAD keeps one state");
+  } else if (opt == OptimType::kLarsSgd) {
+    TORCH_CHECK(std::isfinite(a.eta) && a.eta > 0.0, "tbe_backward: eta must be a finite number > 0, got ", a.eta);
+    TORCH_CHECK(std::isfinite(a.momentum) && a.momentum >= 0.0 && a.momentum < 1.0,
+                "tbe_backward: momentum must be in [0, 1), got ", a.momentum);
+    TORCH_CHECK(a.weight_decay_mode != static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
+                "tbe_backward: LARS_SGD's weight decay is part of its trust ratio: weight_decay_mode must be 0 (NONE) "
+                "or 1 (L2), got 2 (DECOUPLED)");
+    check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
+    check_state("momentum2", a.momentum2, weights, 0, "LARS_SGD keeps one state");
   } else if (opt == OptimType::kExactAdagrad) {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
@@ -493,6 +506,8 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   o.beta1 = static_cast<float>(beta1);
   o.beta2 = static_cast<float>(beta2);
   o.weight_decay = static_cast<float>(a.weight_decay);
+  o.eta = static_cast<float>(a.eta);
+  o.momentum = static_cast<float>(a.momentum);
   o.stochastic_rounding = a.stochastic_rounding;
   return o;
 }
