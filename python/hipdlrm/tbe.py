@@ -65,7 +65,9 @@ class OptimType(enum.IntEnum):
     fp32 state per element, ``s += g^2``, ``w -= lr * g / (sqrt(s) + eps)`` (torch.optim.Adagrad's step).
     PARTIAL_ROWWISE_ADAM: Adam with its first moment per element and its second moment per row (of the row's
     ``mean(g^2)``), as FBGEMM's. LARS_SGD (FBGEMM's): momentum SGD at a per-row learning rate
-    ``lr * eta * |w| / (|g| + wd * |w|)``, one fp32 momentum per element. "Exact": only rows looked up in the batch are updated, each once with the sum of its gradients.
+    ``lr * eta * |w| / (|g| + wd * |w|)``, one fp32 momentum per element. LAMB (FBGEMM's): Adam's direction
+    (two fp32 states per element) scaled per row by the trust ratio ``|w| / |direction|``. "Exact": only
+    rows looked up in the batch are updated, each once with the sum of its gradients.
     """
 
     NONE = 0
@@ -75,6 +77,7 @@ class OptimType(enum.IntEnum):
     EXACT_ADAGRAD = 4
     PARTIAL_ROWWISE_ADAM = 5
     LARS_SGD = 6
+    LAMB = 7
 
 
 class WeightDecayMode(enum.IntEnum):
@@ -91,8 +94,9 @@ _FLOAT_FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 # bytes always take the kernels' 16-byte vector path (FBGEMM packs tables back to back instead).
 _TABLE_ALIGN_BYTES = 128
 _FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
-          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD)
-_ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM)
+          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB)
+# The optimizers with Adam's moments: betas in [0, 1), eps > 0, bias corrections from the step counter.
+_ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LAMB)
 
 
 # ---- fake kernels (torch.compile, meta tensors) --------------------------------------------------------
@@ -375,8 +379,8 @@ class TableBatchedEmbedding(nn.Module):
                         stochastic_rounding, eta, momentum) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
         ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
-        weight; LARS: one per weight), ``momentum2`` (Adam: one per weight; partial row-wise Adam: one per
-        row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
+        weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; partial row-wise Adam:
+        one per row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
         self.optimizer = None if optimizer is None else OptimType(optimizer)
         self.weight_decay_mode = WeightDecayMode(weight_decay_mode)
         self.learning_rate = _finite(learning_rate, "learning_rate")
@@ -409,7 +413,7 @@ class TableBatchedEmbedding(nn.Module):
         f32 = dict(dtype=torch.float32, device=self.weights.device)
         if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
             self.register_buffer("momentum1", torch.zeros(self.total_rows, **f32))
-        elif self.optimizer == OptimType.ADAM:
+        elif self.optimizer in (OptimType.ADAM, OptimType.LAMB):
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
             self.register_buffer("momentum2", torch.zeros(self.weights.numel(), **f32))
         elif self.optimizer in (OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
@@ -497,7 +501,7 @@ class TableBatchedEmbedding(nn.Module):
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
-        ``[momentum1 [rows]]``, Adam ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
+        ``[momentum1 [rows]]``, Adam and LAMB ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
         and LARS ``[momentum1 [rows, dim]]``, partial row-wise Adam ``[momentum1 [rows, dim], momentum2 [rows]]``, SGD
         and NONE ``[]``."""
         states: List[List[torch.Tensor]] = []
@@ -505,9 +509,10 @@ class TableBatchedEmbedding(nn.Module):
             if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
                 start = self.table_row_offsets[t]
                 states.append([self.momentum1.detach()[start:start + rows]])
-            elif self.optimizer in (OptimType.ADAM, OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
+            elif self.optimizer in (OptimType.ADAM, OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD, OptimType.LAMB):
                 start = self.table_offsets[t]
-                element_states = (self.momentum1, self.momentum2) if self.optimizer == OptimType.ADAM else (
+                two = self.optimizer in (OptimType.ADAM, OptimType.LAMB)
+                element_states = (self.momentum1, self.momentum2) if two else (
                     self.momentum1,)
                 states.append([m.detach()[start:start + rows * dim].view(rows, dim) for m in element_states])
             elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:

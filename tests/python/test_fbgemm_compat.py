@@ -207,7 +207,6 @@ def test_performance_and_cache_hints_are_accepted():
 
 # (argument, value, words the message must contain); every rejection names the argument and the value.
 REJECTED = [
-    ("optimizer", hf.EmbOptimType.LAMB, "EXACT_ROWWISE_ADAGRAD"),
     ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, "LARS_SGD"),
     ("optimizer", hf.EmbOptimType.ROWWISE_ADAGRAD, "deprecated"),
     ("weights_precision", hf.SparseType.INT8, "FP16"),
@@ -425,6 +424,14 @@ class Reference:
         elif self.opt == hf.EmbOptimType.EXACT_ADAGRAD:  # FBGEMM's: no weight decay
             self.m1[t][r] += g * g
             new = w - self.lr * g / (self.m1[t][r].sqrt() + self.eps)
+        elif self.opt == hf.EmbOptimType.LAMB:  # FBGEMM's: weight decay always inside the trust ratio
+            self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
+            self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * g * g
+            m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
+            v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
+            direction = m_hat / (v_hat.sqrt() + self.eps) + self.wd * w
+            ratio = w.norm() / direction.norm() if direction.norm() > 0 else 0.0
+            new = w - self.lr * ratio * direction
         elif self.opt == hf.EmbOptimType.LARS_SGD:  # FBGEMM's: weight decay always applied
             w_norm, g_norm = w.norm(), g.norm()
             denominator = g_norm + self.wd * w_norm
@@ -449,7 +456,7 @@ class Reference:
         if self.opt in (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.EXACT_ADAGRAD,
                         hf.EmbOptimType.LARS_SGD):
             return [[m] for m in self.m1]
-        if self.opt in (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM):
+        if self.opt in ADAMS:
             return [[a, b] for a, b in zip(self.m1, self.m2)]
         return []
 
@@ -636,8 +643,8 @@ def test_training_matches_fbgemm_cpu(optimizer, weights_dtype, layout, pooling, 
 
 
 @needs_fbgemm
-@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LARS_SGD],
-                         ids=lambda o: o.name)
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LARS_SGD,
+                                       hf.EmbOptimType.LAMB], ids=lambda o: o.name)
 def test_fbgemm_cpu_lacks_the_gpu_only_optimizers(optimizer):
     """Pins why these optimizers are tested against formulas: FBGEMM's CPU module refuses them."""
     t = FBGEMM
@@ -662,6 +669,7 @@ WD_CASES = [(hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.L2),
             (hf.EmbOptimType.ADAM, hf.WeightDecayMode.DECOUPLE),
             (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.NONE),
             (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.DECOUPLE),
+            (hf.EmbOptimType.LAMB, hf.WeightDecayMode.DECOUPLE),
             (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.NONE),
             (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.L2)]
 
@@ -681,7 +689,8 @@ def test_weight_decay_matches_the_formula(optimizer, mode, layout):
                        specs, ftm, hf.PoolingMode.SUM, True, optimizer, torch.float32, **kwargs)
 
 
-ADAMS = (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM)
+# The optimizers with Adam's moments (FBGEMM decays them decoupled whatever the mode).
+ADAMS = (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LAMB)
 ADAM_CASES = [(dt, layout, p, w) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
               for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN) for w in (False, True)]
 
@@ -949,7 +958,8 @@ def test_vbe_gpu_matches_cpu(optimizer):
     (hf.EmbOptimType.EXACT_ADAGRAD, [[(10, 4)], [(7, 8)]], [["sum"], ["sum"]]),
     (hf.EmbOptimType.ADAM, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2),
     (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, [[(10, 4), (10,)], [(7, 8), (7,)]], [["exp_avg", "exp_avg_sq"]] * 2),
-    (hf.EmbOptimType.LARS_SGD, [[(10, 4)], [(7, 8)]], [["momentum_buffer"]] * 2)])
+    (hf.EmbOptimType.LARS_SGD, [[(10, 4)], [(7, 8)]], [["momentum_buffer"]] * 2),
+    (hf.EmbOptimType.LAMB, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2)])
 def test_optimizer_state_views(optimizer, shapes, keys):
     tbe = _make(optimizer=optimizer)
     states = tbe.split_optimizer_states()

@@ -905,12 +905,14 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
             for (int k = 0; k < K; ++k) {
               const int col = lane_col(lane, k);
-              float wv[kVec];
+              float wv[kVec], mv[kVec] = {}, vv[kVec] = {};
               gpu::unpack_to_float(r.w[k], wv);
+              if constexpr (Traits::kElementStates >= 1) gpu::unpack_to_float(r.m1[k], mv);
+              if constexpr (Traits::kElementStates >= 2) gpu::unpack_to_float(r.m2[k], vv);
 #pragma unroll
               for (int e = 0; e < kVec; ++e) {
                 if (col + e >= left) continue;
-                add_row_sums<kOpt>(o, wv[e], acc[k][e], sums);
+                add_row_sums<kOpt>(o, wv[e], acc[k][e], mv[e], vv[e], sums);
               }
             }
             if (col0 + kChunk < D) continue;  // the rest of the row first (this pass only measures)
@@ -1066,6 +1068,10 @@ void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspa
     case OptimType::kLarsSgd:
       launch_apply_weights<K, OptimType::kLarsSgd>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
                                                    multiprocessors, stream);
+      break;
+    case OptimType::kLamb:
+      launch_apply_weights<K, OptimType::kLamb>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
+                                                multiprocessors, stream);
       break;
     default:
       launch_apply_weights<K, OptimType::kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,

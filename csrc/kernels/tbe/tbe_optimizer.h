@@ -1,13 +1,13 @@
 // The optimizers' arithmetic, defined once for the CPU reference (ops/tbe/tbe_backward.cpp) and the GPU
 // kernels (tbe_backward.cu): the per-element update of each optimizer, the per-row steps of the optimizers
-// that reduce over the row, and the stochastic rounding of 16-bit weights. Plain inline functions, host and device (no runtime
-// headers: the CPU-only build includes this), so both sides compute the same expressions on the same
-// values; a device compiler may still contract a multiply and an add into one fma where the host does not.
+// that reduce over the row, and the stochastic rounding of 16-bit weights. Plain inline functions, host and
+// device (no runtime headers: the CPU-only build includes this), so both sides compute the same expressions
+// on the same values; a device compiler may still contract a multiply and an add into one fma where the host does not.
 //
 // Adding an optimizer: its code in OptimType (tbe_types.h) and Python's OptimType, its state in
 // OptimizerTraits, its update in update_element (and its terms in add_row_sums and its row step in
-// row_multiplier if it needs sums over the row), its state checks in check_optimizer_arguments, and a case in the CPU and GPU
-// dispatch switches.
+// row_multiplier if it needs sums over the row), its state checks in check_optimizer_arguments, and a case
+// in the CPU and GPU dispatch switches.
 #pragma once
 
 #include <cmath>
@@ -76,6 +76,12 @@ struct OptimizerTraits<OptimType::kPartialRowwiseAdam> {
   static constexpr int kRowSums = 1;
 };
 template <>
+struct OptimizerTraits<OptimType::kLamb> {
+  static constexpr int kElementStates = 2;
+  static constexpr bool kRowState = false;
+  static constexpr int kRowSums = 2;
+};
+template <>
 struct OptimizerTraits<OptimType::kLarsSgd> {
   static constexpr int kElementStates = 1;
   static constexpr bool kRowState = false;
@@ -84,7 +90,7 @@ struct OptimizerTraits<OptimType::kLarsSgd> {
 
 // Whether the optimizer's step uses Adam's bias corrections (set_step).
 HIPDLRM_HOST_DEVICE constexpr bool uses_bias_correction(OptimType t) {
-  return t == OptimType::kAdam || t == OptimType::kPartialRowwiseAdam;
+  return t == OptimType::kAdam || t == OptimType::kPartialRowwiseAdam || t == OptimType::kLamb;
 }
 
 // ---- the row steps ----------------------------------------------------------------------------------------
@@ -94,13 +100,32 @@ HIPDLRM_HOST_DEVICE constexpr bool uses_bias_correction(OptimType t) {
 
 constexpr int kMaxRowSums = 2;
 
-// Adds one element's terms to the row's sums (w: its weight before the update, g: its summed gradient).
-// Row-wise Adagrad and partial row-wise Adam: the squared gradient (L2 decay included). LARS: the squared
-// weight and the squared gradient (decay excluded: it enters the trust ratio through the weight's norm).
+// LAMB's direction for one element before the trust ratio: Adam's bias-corrected ratio from the element's
+// updated moments (m1, m2: read, and set to the updated ones), plus weight_decay * w with DECOUPLED (FBGEMM's
+// LAMB decay, inside the trust ratio); L2 adds weight_decay * w to the gradient first.
+HIPDLRM_HOST_DEVICE float lamb_direction(const OptimizerArgs& o, float w, float g, float& m1, float& m2) {
+  if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+  m1 = o.beta1 * m1 + (1.0f - o.beta1) * g;
+  m2 = o.beta2 * m2 + (1.0f - o.beta2) * g * g;
+  float r = (m1 / o.bias_correction1) / (sqrtf(m2 / o.bias_correction2) + o.eps);
+  if (o.weight_decay_mode == WeightDecayMode::kDecoupled) r = fmaf(o.weight_decay, w, r);
+  return r;
+}
+
+// Adds one element's terms to the row's sums (w: its weight before the update, g: its summed gradient, m1
+// and m2: its states before the update, left unchanged). Row-wise Adagrad and partial row-wise Adam: the
+// squared gradient (L2 decay included). LARS: the squared weight and the squared gradient (decay
+// excluded: it enters the trust ratio through the weight's norm). LAMB: the squared weight and the squared
+// direction (lamb_direction).
 template <OptimType kOpt>
-HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, float (&sums)[kMaxRowSums]) {
+HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, float m1, float m2,
+                                      float (&sums)[kMaxRowSums]) {
   static_assert(OptimizerTraits<kOpt>::kRowSums > 0, "an optimizer with row sums");
-  if constexpr (kOpt == OptimType::kLarsSgd) {
+  if constexpr (kOpt == OptimType::kLamb) {
+    const float r = lamb_direction(o, w, g, m1, m2);
+    sums[0] = fmaf(w, w, sums[0]);
+    sums[1] = fmaf(r, r, sums[1]);
+  } else if constexpr (kOpt == OptimType::kLarsSgd) {
     sums[0] = fmaf(w, w, sums[0]);
     sums[1] = fmaf(g, g, sums[1]);
   } else {
@@ -113,15 +138,21 @@ HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, 
 // Row-wise Adagrad: the state grows by the mean squared gradient; the multiplier is the row's step size.
 // Partial row-wise Adam (FBGEMM's PARTIAL_ROWWISE_ADAM): the state is the second moment of the row's mean
 // squared gradient; the multiplier is 1 / (sqrt(bias-corrected second moment) + eps).
-// LARS (FBGEMM's LARS_SGD; no state): the row's learning rate lr * eta * |w| / (|g| + wd * |w|), wd the L2
+// LARS (FBGEMM's LARS_SGD; no row state): the row's learning rate lr * eta * |w| / (|g| + wd * |w|), wd the L2
 // decay; 0 where that denominator is 0 (then the row's gradient and decay are 0, so it gets no new step,
 // where FBGEMM's 0 / 0 would write NaN into the momentum).
+// LAMB (FBGEMM's LAMB; no row state): lr * |w| / |r|, the trust ratio of the row's direction r; 0 where |r|
+// is 0 (then r is 0 and the step too, where FBGEMM's 0 / 0 would write NaN into the row).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, const float (&sums)[kMaxRowSums],
                                          std::int64_t D) {
   static_assert(kOpt == OptimType::kExactRowwiseAdagrad || kOpt == OptimType::kPartialRowwiseAdam ||
-                    kOpt == OptimType::kLarsSgd,
+                    kOpt == OptimType::kLarsSgd || kOpt == OptimType::kLamb,
                 "an optimizer with a row step");
+  if constexpr (kOpt == OptimType::kLamb) {
+    const float direction_norm = sqrtf(sums[1]);
+    return direction_norm > 0.0f ? o.learning_rate * (sqrtf(sums[0]) / direction_norm) : 0.0f;
+  }
   if constexpr (kOpt == OptimType::kLarsSgd) {
     const float wd = o.weight_decay_mode == WeightDecayMode::kL2 ? o.weight_decay : 0.0f;
     const float weight_norm = sqrtf(sums[0]);
@@ -142,13 +173,14 @@ HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, c
 
 // The new value of one weight w from its summed gradient g. `multiplier` is the row's (row_multiplier; unused
 // by the optimizers without row sums); m1 and m2 are the element's states (read and updated: Adam both,
-// Adagrad, partial row-wise Adam and LARS m1; unused by the others).
+// LAMB both, Adagrad, partial row-wise Adam and LARS m1; unused by the others).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float g, float multiplier, float& m1,
                                          float& m2) {
   static_assert(kOpt == OptimType::kExactSgd || kOpt == OptimType::kExactRowwiseAdagrad ||
                     kOpt == OptimType::kExactAdagrad || kOpt == OptimType::kAdam ||
-                    kOpt == OptimType::kPartialRowwiseAdam || kOpt == OptimType::kLarsSgd,
+                    kOpt == OptimType::kPartialRowwiseAdam || kOpt == OptimType::kLarsSgd ||
+                    kOpt == OptimType::kLamb,
                 "an optimizer with an update");
   if constexpr (kOpt == OptimType::kExactSgd) {
     // Decoupled decay is the same step for SGD: w - lr * (g + wd * w).
@@ -166,6 +198,9 @@ HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float 
     float next = w - o.learning_rate * g / (sqrtf(m1) + o.eps);
     if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
     return next;
+  } else if constexpr (kOpt == OptimType::kLamb) {
+    // The direction at the row's trust-ratio step (multiplier).
+    return w - multiplier * lamb_direction(o, w, g, m1, m2);
   } else if constexpr (kOpt == OptimType::kLarsSgd) {
     // Momentum SGD at the row's LARS learning rate (multiplier), on the L2-decayed gradient.
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);

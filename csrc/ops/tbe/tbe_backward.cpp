@@ -155,7 +155,11 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
   float multiplier = o.learning_rate;
   if constexpr (Traits::kRowSums > 0) {
     float sums[ktbe::kMaxRowSums] = {};
-    for (std::int64_t d = 0; d < D; ++d) ktbe::add_row_sums<kOpt>(o, static_cast<float>(row[d]), g[d], sums);
+    for (std::int64_t d = 0; d < D; ++d) {
+      const float m1 = kStates >= 1 ? momentum1[row_offset + d] : 0.0f;
+      const float m2 = kStates >= 2 ? momentum2[row_offset + d] : 0.0f;
+      ktbe::add_row_sums<kOpt>(o, static_cast<float>(row[d]), g[d], m1, m2, sums);
+    }
     float no_row_state = 0.0f;
     float& state = !Traits::kRowState ? no_row_state : kStates == 0 ? momentum1[key] : momentum2[key];
     multiplier = ktbe::row_multiplier<kOpt>(o, state, sums, D);
@@ -300,6 +304,7 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
         apply_rows<scalar_t, OptimType::kPartialRowwiseAdam>(p, o, w, m1, m2);
         break;
       case OptimType::kLarsSgd: apply_rows<scalar_t, OptimType::kLarsSgd>(p, o, w, m1, m2); break;
+      case OptimType::kLamb: apply_rows<scalar_t, OptimType::kLamb>(p, o, w, m1, m2); break;
       case OptimType::kNone: break;  // rejected by check_optimizer_arguments
     }
   });
@@ -450,9 +455,10 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   const auto code = [](OptimType t) { return static_cast<std::int64_t>(t); };
   TORCH_CHECK(optimizer == code(OptimType::kExactSgd) || optimizer == code(OptimType::kExactRowwiseAdagrad) ||
                   optimizer == code(OptimType::kAdam) || optimizer == code(OptimType::kExactAdagrad) ||
-                  optimizer == code(OptimType::kPartialRowwiseAdam) || optimizer == code(OptimType::kLarsSgd),
+                  optimizer == code(OptimType::kPartialRowwiseAdam) || optimizer == code(OptimType::kLarsSgd) ||
+                  optimizer == code(OptimType::kLamb),
               "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM), 4 (EXACT_ADAGRAD), "
-              "5 (PARTIAL_ROWWISE_ADAM) or 6 (LARS_SGD), got ", optimizer);
+              "5 (PARTIAL_ROWWISE_ADAM), 6 (LARS_SGD) or 7 (LAMB), got ", optimizer);
   TORCH_CHECK(a.weight_decay_mode >= static_cast<std::int64_t>(ktbe::WeightDecayMode::kNone) &&
                   a.weight_decay_mode <= static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
               "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", a.weight_decay_mode);
@@ -486,7 +492,7 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
     TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
                 "tbe_backward: beta1 and beta2 must be in [0, 1), got ", beta1, " and ", beta2);
     check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
-    if (opt == OptimType::kAdam)
+    if (opt == OptimType::kAdam || opt == OptimType::kLamb)
       check_state("momentum2", a.momentum2, weights, weights.numel(), "one per weight");
     else
       check_state("momentum2", a.momentum2, weights, a.total_rows, "one per row, total_rows");
