@@ -43,7 +43,8 @@ __all__ = [
 
 class EmbOptimType(enum.Enum):
     """FBGEMM's optimizer names (string-valued, as ``fbgemm_gpu.split_embedding_configs.EmbOptimType``).
-    hipdlrm trains EXACT_SGD (SGD too), EXACT_ROWWISE_ADAGRAD, ADAM and NONE; the others are rejected."""
+    hipdlrm trains EXACT_SGD (SGD too), EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, PARTIAL_ROWWISE_ADAM,
+    LARS_SGD, LAMB and NONE; the others are rejected."""
 
     SGD = "sgd"
     EXACT_SGD = "exact_sgd"
@@ -191,6 +192,9 @@ _OPTIMIZERS = {
     EmbOptimType.EXACT_ROWWISE_ADAGRAD: _HipOptimType.EXACT_ROWWISE_ADAGRAD,
     EmbOptimType.ADAM: _HipOptimType.ADAM,
     EmbOptimType.EXACT_ADAGRAD: _HipOptimType.EXACT_ADAGRAD,
+    EmbOptimType.PARTIAL_ROWWISE_ADAM: _HipOptimType.PARTIAL_ROWWISE_ADAM,
+    EmbOptimType.LARS_SGD: _HipOptimType.LARS_SGD,
+    EmbOptimType.LAMB: _HipOptimType.LAMB,
     EmbOptimType.NONE: _HipOptimType.NONE,
 }
 
@@ -225,13 +229,22 @@ def _weight_decay(optimizer: EmbOptimType, weight_decay: float,
                          f"{optimizer.name} applies no weight decay (its update would ignore both); pass "
                          "weight_decay=0 or weight_decay_mode=WeightDecayMode.NONE, or use EXACT_ROWWISE_ADAGRAD "
                          "or ADAM")
-    if optimizer == EmbOptimType.ADAM:
-        # FBGEMM's Adam always decays decoupled (AdamW), whatever weight_decay_mode says.
+    if optimizer in (EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM, EmbOptimType.LAMB):
+        # FBGEMM's Adams and LAMB always decay decoupled (LAMB: inside the trust ratio), whatever
+        # weight_decay_mode says.
         if mode == WeightDecayMode.L2:
-            raise ValueError(f"weight_decay_mode=L2 with ADAM: FBGEMM's ADAM applies weight_decay decoupled "
-                             "(AdamW) whatever the mode; pass WeightDecayMode.DECOUPLE (or NONE) for that, or use "
-                             "hipdlrm.TableBatchedEmbedding for L2 Adam")
+            raise ValueError(f"weight_decay_mode=L2 with {optimizer.name}: FBGEMM's {optimizer.name} applies "
+                             "weight_decay decoupled (AdamW) whatever the mode; pass WeightDecayMode.DECOUPLE (or NONE) "
+                             "for that, or use hipdlrm.TableBatchedEmbedding for L2 Adam")
         return float(weight_decay), _HipWeightDecayMode.DECOUPLED
+    if optimizer == EmbOptimType.LARS_SGD:
+        # FBGEMM's LARS always applies its weight decay (gradient and trust ratio), whatever weight_decay_mode
+        # says: hipdlrm's L2.
+        if mode == WeightDecayMode.DECOUPLE:
+            raise ValueError("weight_decay_mode=DECOUPLE with LARS_SGD: FBGEMM's LARS_SGD adds weight_decay * w to "
+                             "the gradient (and its trust ratio) whatever the mode; pass WeightDecayMode.L2 (or NONE) "
+                             "for that")
+        return float(weight_decay), _HipWeightDecayMode.L2
     # EXACT_ROWWISE_ADAGRAD: FBGEMM's NONE mode leaves weight_decay unused.
     if mode == WeightDecayMode.NONE:
         return 0.0, _HipWeightDecayMode.NONE
@@ -535,7 +548,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             extra = (" (FBGEMM 1.8.0 rejects it as deprecated too; EXACT_ROWWISE_ADAGRAD is the exact update)"
                      if fbgemm_optimizer == EmbOptimType.ROWWISE_ADAGRAD else "")
             raise _unsupported("optimizer", fbgemm_optimizer,
-                               "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, NONE" + extra)
+                               "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, "
+                               "PARTIAL_ROWWISE_ADAM, LARS_SGD, LAMB, NONE" + extra)
         if gradient_clipping:
             raise _unsupported("gradient_clipping", gradient_clipping, "False (gradient clipping is not implemented)")
         if float(max_norm) > 0.0:
@@ -616,6 +630,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             beta1=float(beta1),
             beta2=float(beta2),
             stochastic_rounding=bool(stochastic_rounding),
+            eta=float(eta),
+            momentum=float(momentum),
         )
         self.fbgemm_optimizer: EmbOptimType = fbgemm_optimizer
         self.fbgemm_weight_decay_mode: WeightDecayMode = fbgemm_weight_decay_mode
@@ -757,7 +773,9 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """FBGEMM's per-table views: ``[momentum1 [rows]]`` (EXACT_ROWWISE_ADAGRAD), ``[momentum1 [rows, dim],
-        momentum2 [rows, dim]]`` (ADAM); ``[]`` (not one empty list per table) for SGD, as FBGEMM returns."""
+        momentum2 [rows, dim]]`` (ADAM, LAMB), ``[momentum1 [rows, dim], momentum2 [rows]]`` (PARTIAL_ROWWISE_ADAM),
+        ``[momentum1 [rows, dim]]`` (LARS_SGD);
+        ``[]`` (not one empty list per table) for SGD, as FBGEMM returns."""
         self._no_optimizer_state("split_optimizer_states")
         if self.optimizer == _HipOptimType.EXACT_SGD:
             return []
@@ -765,11 +783,15 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
 
     def get_optimizer_state(self) -> List[Dict[str, torch.Tensor]]:
         """Per table, the state under torch.optim's names: ``{"sum"}`` (the Adagrads), ``{"exp_avg",
-        "exp_avg_sq"}`` (Adam); ``[]`` for SGD (FBGEMM's result: it has no state)."""
+        "exp_avg_sq"}`` (the Adams; partial row-wise Adam's exp_avg_sq has one per row); ``[]`` for SGD (FBGEMM's
+        result: it has no state); LARS_SGD: ``{"momentum_buffer"}`` (torch.optim.SGD's name; FBGEMM raises
+        NotImplementedError there)."""
         states = self.split_optimizer_states()
         if self.optimizer in (_HipOptimType.EXACT_ROWWISE_ADAGRAD, _HipOptimType.EXACT_ADAGRAD):
             return [{"sum": s[0]} for s in states]
-        if self.optimizer == _HipOptimType.ADAM:
+        if self.optimizer == _HipOptimType.LARS_SGD:
+            return [{"momentum_buffer": s[0]} for s in states]
+        if self.optimizer in (_HipOptimType.ADAM, _HipOptimType.PARTIAL_ROWWISE_ADAM, _HipOptimType.LAMB):
             return [{"exp_avg": s[0], "exp_avg_sq": s[1]} for s in states]
         return []
 

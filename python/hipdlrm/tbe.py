@@ -63,7 +63,11 @@ class OptimType(enum.IntEnum):
     EXACT_ROWWISE_ADAGRAD: one fp32 state per row, ``s += mean(g^2)``, ``w -= lr * g / (sqrt(s) + eps)``.
     ADAM: two fp32 states per element, bias-corrected with the module's step counter. EXACT_ADAGRAD: one
     fp32 state per element, ``s += g^2``, ``w -= lr * g / (sqrt(s) + eps)`` (torch.optim.Adagrad's step).
-    "Exact": only rows looked up in the batch are updated, each once with the sum of its gradients.
+    PARTIAL_ROWWISE_ADAM: Adam with its first moment per element and its second moment per row (of the row's
+    ``mean(g^2)``), as FBGEMM's. LARS_SGD (FBGEMM's): momentum SGD at a per-row learning rate
+    ``lr * eta * |w| / (|g| + wd * |w|)``, one fp32 momentum per element. LAMB (FBGEMM's): Adam's direction
+    (two fp32 states per element) scaled per row by the trust ratio ``|w| / |direction|``. "Exact": only
+    rows looked up in the batch are updated, each once with the sum of its gradients.
     """
 
     NONE = 0
@@ -71,6 +75,9 @@ class OptimType(enum.IntEnum):
     EXACT_ROWWISE_ADAGRAD = 2
     ADAM = 3
     EXACT_ADAGRAD = 4
+    PARTIAL_ROWWISE_ADAM = 5
+    LARS_SGD = 6
+    LAMB = 7
 
 
 class WeightDecayMode(enum.IntEnum):
@@ -86,7 +93,10 @@ _FLOAT_FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 # Every table starts on a 128-byte boundary of the flat buffer, so rows whose size is a multiple of 16
 # bytes always take the kernels' 16-byte vector path (FBGEMM packs tables back to back instead).
 _TABLE_ALIGN_BYTES = 128
-_FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD)
+_FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
+          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB)
+# The optimizers with Adam's moments: betas in [0, 1), eps > 0, bias corrections from the step counter.
+_ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LAMB)
 
 
 # ---- fake kernels (torch.compile, meta tensors) --------------------------------------------------------
@@ -246,7 +256,9 @@ class TableBatchedEmbedding(nn.Module):
             tables in place. ``OptimType.NONE`` gives ``weights.grad`` a sparse gradient instead; ``None``
             makes an inference-only module (weights that do not require grad).
         learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2: the optimizer's settings
-            (beta1/beta2: Adam only; eps: the Adagrads and Adam).
+            (beta1/beta2: the Adams only; eps: the Adagrads and the Adams; LARS_SGD's weight decay is its
+            own, in the trust ratio too, with weight_decay_mode L2).
+        eta, momentum: LARS_SGD's trust coefficient (> 0) and momentum (in [0, 1)); FBGEMM's defaults.
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
 
@@ -278,6 +290,8 @@ class TableBatchedEmbedding(nn.Module):
         beta1: float = 0.9,
         beta2: float = 0.999,
         stochastic_rounding: bool = True,
+        eta: float = 0.001,
+        momentum: float = 0.9,
     ) -> None:
         super().__init__()
         specs = self._validate_specs(embedding_specs)
@@ -342,7 +356,7 @@ class TableBatchedEmbedding(nn.Module):
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
         self._init_optimizer(optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                             stochastic_rounding)
+                             stochastic_rounding, eta, momentum)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -362,10 +376,11 @@ class TableBatchedEmbedding(nn.Module):
         return specs
 
     def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                        stochastic_rounding) -> None:
+                        stochastic_rounding, eta, momentum) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
-        ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; Adam and Adagrad: one per weight),
-        ``momentum2`` (Adam) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
+        ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
+        weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; partial row-wise Adam:
+        one per row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
         self.optimizer = None if optimizer is None else OptimType(optimizer)
         self.weight_decay_mode = WeightDecayMode(weight_decay_mode)
         self.learning_rate = _finite(learning_rate, "learning_rate")
@@ -374,10 +389,20 @@ class TableBatchedEmbedding(nn.Module):
         self.beta1 = _finite(beta1, "beta1")
         self.beta2 = _finite(beta2, "beta2")
         self.stochastic_rounding = bool(stochastic_rounding)
-        if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD) and self.eps <= 0:
+        self.eta = _finite(eta, "eta")
+        self.momentum = _finite(momentum, "momentum")
+        if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD) + _ADAMS and self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
-        if self.optimizer == OptimType.ADAM and not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
+        if self.optimizer in _ADAMS and not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
             raise ValueError(f"beta1 and beta2 must be in [0, 1), got {beta1} and {beta2}")
+        if self.optimizer == OptimType.LARS_SGD:
+            if self.eta <= 0:
+                raise ValueError(f"eta must be > 0, got {eta}")
+            if not 0 <= self.momentum < 1:
+                raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+            if self.weight_decay_mode == WeightDecayMode.DECOUPLED:
+                raise ValueError("weight_decay_mode=DECOUPLED with LARS_SGD: its weight decay is part of its trust "
+                                 "ratio; use WeightDecayMode.L2")
         if self.optimizer is None:
             return
         if self.optimizer == OptimType.NONE:
@@ -388,11 +413,14 @@ class TableBatchedEmbedding(nn.Module):
         f32 = dict(dtype=torch.float32, device=self.weights.device)
         if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
             self.register_buffer("momentum1", torch.zeros(self.total_rows, **f32))
-        elif self.optimizer == OptimType.ADAM:
+        elif self.optimizer in (OptimType.ADAM, OptimType.LAMB):
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
             self.register_buffer("momentum2", torch.zeros(self.weights.numel(), **f32))
-        elif self.optimizer == OptimType.EXACT_ADAGRAD:
+        elif self.optimizer in (OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
+        elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+            self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
+            self.register_buffer("momentum2", torch.zeros(self.total_rows, **f32))
         seed = int(torch.randint(0, 2**62, (1,)).item())
         self.register_buffer("optimizer_counters", torch.tensor([0, seed], dtype=torch.int64,
                                                                 device=self.weights.device))
@@ -409,7 +437,7 @@ class TableBatchedEmbedding(nn.Module):
         none = torch.empty(0, dtype=torch.float32, device=self.weights.device)
         return (int(self.optimizer), getattr(self, "momentum1", none), getattr(self, "momentum2", none),
                 self.learning_rate, self.eps, self.beta1, self.beta2, self.weight_decay, int(self.weight_decay_mode),
-                self.stochastic_rounding, self.optimizer_counters)
+                self.stochastic_rounding, self.optimizer_counters, self.eta, self.momentum)
 
     # ---- nn.Module hooks: dtype casts, checkpoints ----
 
@@ -473,18 +501,24 @@ class TableBatchedEmbedding(nn.Module):
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
-        ``[momentum1 [rows]]``, Adam ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
-        ``[momentum1 [rows, dim]]``, SGD and NONE ``[]``."""
+        ``[momentum1 [rows]]``, Adam and LAMB ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
+        and LARS ``[momentum1 [rows, dim]]``, partial row-wise Adam ``[momentum1 [rows, dim], momentum2 [rows]]``, SGD
+        and NONE ``[]``."""
         states: List[List[torch.Tensor]] = []
         for t, (rows, dim) in enumerate(self.embedding_specs):
             if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
                 start = self.table_row_offsets[t]
                 states.append([self.momentum1.detach()[start:start + rows]])
-            elif self.optimizer in (OptimType.ADAM, OptimType.EXACT_ADAGRAD):
+            elif self.optimizer in (OptimType.ADAM, OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD, OptimType.LAMB):
                 start = self.table_offsets[t]
-                element_states = (self.momentum1, self.momentum2) if self.optimizer == OptimType.ADAM else (
+                two = self.optimizer in (OptimType.ADAM, OptimType.LAMB)
+                element_states = (self.momentum1, self.momentum2) if two else (
                     self.momentum1,)
                 states.append([m.detach()[start:start + rows * dim].view(rows, dim) for m in element_states])
+            elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+                start, row_start = self.table_offsets[t], self.table_row_offsets[t]
+                states.append([self.momentum1.detach()[start:start + rows * dim].view(rows, dim),
+                               self.momentum2.detach()[row_start:row_start + rows]])
             else:
                 states.append([])
         return states

@@ -207,10 +207,7 @@ def test_performance_and_cache_hints_are_accepted():
 
 # (argument, value, words the message must contain); every rejection names the argument and the value.
 REJECTED = [
-    ("optimizer", hf.EmbOptimType.LAMB, "EXACT_ROWWISE_ADAGRAD"),
-    ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, "EXACT_ADAGRAD"),
-    ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, "ADAM"),
-    ("optimizer", hf.EmbOptimType.LARS_SGD, "NONE"),
+    ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, "LARS_SGD"),
     ("optimizer", hf.EmbOptimType.ROWWISE_ADAGRAD, "deprecated"),
     ("weights_precision", hf.SparseType.INT8, "FP16"),
     ("weights_precision", hf.SparseType.FP8, "BF16"),
@@ -292,6 +289,8 @@ def test_bad_specs_and_arguments():
         _make(weight_decay=0.1, weight_decay_mode=hf.WeightDecayMode.L2)
     with pytest.raises(ValueError, match="FBGEMM's ADAM applies weight_decay decoupled"):
         _make(optimizer=hf.EmbOptimType.ADAM, weight_decay=0.1, weight_decay_mode=hf.WeightDecayMode.L2)
+    with pytest.raises(ValueError, match="FBGEMM's LARS_SGD adds weight_decay"):
+        _make(optimizer=hf.EmbOptimType.LARS_SGD, weight_decay=0.1, weight_decay_mode=hf.WeightDecayMode.DECOUPLE)
     with pytest.raises(ValueError, match="prefetch_pipeline=True needs cache_algorithm=CacheAlgorithm.LRU"):
         _make(prefetch_pipeline=True, cache_algorithm=hf.CacheAlgorithm.LFU)
     with pytest.raises(ValueError, match="does not go with ComputeDevice.CPU"):
@@ -299,13 +298,16 @@ def test_bad_specs_and_arguments():
 
 
 def test_weight_decay_as_fbgemm_applies_it():
-    # Adam: decoupled whatever the mode; row-wise Adagrad: the mode's; SGD and mode NONE: none.
+    # Adam: decoupled whatever the mode; row-wise Adagrad: the mode's; SGD and mode NONE: none; LARS: its own.
     adam = _make(optimizer=hf.EmbOptimType.ADAM, weight_decay=0.1)
     assert adam.weight_decay_mode == hipdlrm.WeightDecayMode.DECOUPLED and adam.weight_decay == 0.1
     adagrad = _make(optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, weight_decay=0.1)
     assert adagrad.weight_decay_mode == hipdlrm.WeightDecayMode.NONE
     sgd = _make(weight_decay=0.1)
     assert sgd.weight_decay_mode == hipdlrm.WeightDecayMode.NONE
+    lars = _make(optimizer=hf.EmbOptimType.LARS_SGD, weight_decay=0.1, eta=0.2, momentum=0.5)  # LARS: always
+    assert lars.weight_decay_mode == hipdlrm.WeightDecayMode.L2 and lars.weight_decay == 0.1
+    assert (lars.eta, lars.momentum) == (0.2, 0.5)
 
 
 # ---- forward arguments ------------------------------------------------------------------------------------
@@ -355,14 +357,16 @@ class Reference:
     row by autograd, then the exact optimizer step on the rows the batch looked up (FBGEMM's GPU formulas)."""
 
     def __init__(self, tables, feature_table_map, pooling, optimizer, lr, eps=1e-8, weight_decay=0.0,
-                 weight_decay_mode=0, beta1=0.9, beta2=0.999, weights_dtype=torch.float32):
+                 weight_decay_mode=0, beta1=0.9, beta2=0.999, eta=0.001, momentum=0.9, weights_dtype=torch.float32):
         self.tables = [t.detach().double().clone() for t in tables]
         self.ftm, self.pooling, self.opt = list(feature_table_map), int(pooling), optimizer
         self.lr, self.eps, self.wd, self.mode = lr, eps, weight_decay, int(weight_decay_mode)
         self.beta1, self.beta2, self.dtype, self.step = beta1, beta2, weights_dtype, 0
+        self.eta, self.momentum = eta, momentum
         rowwise = optimizer == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
+        rowwise2 = optimizer == hf.EmbOptimType.PARTIAL_ROWWISE_ADAM
         self.m1 = [torch.zeros(t.shape[0] if rowwise else t.shape, dtype=torch.float64) for t in self.tables]
-        self.m2 = [torch.zeros(t.shape, dtype=torch.float64) for t in self.tables]
+        self.m2 = [torch.zeros(t.shape[0] if rowwise2 else t.shape, dtype=torch.float64) for t in self.tables]
 
     def forward(self, tables, indices, offsets, psw):
         T = len(self.ftm)
@@ -420,6 +424,26 @@ class Reference:
         elif self.opt == hf.EmbOptimType.EXACT_ADAGRAD:  # FBGEMM's: no weight decay
             self.m1[t][r] += g * g
             new = w - self.lr * g / (self.m1[t][r].sqrt() + self.eps)
+        elif self.opt == hf.EmbOptimType.LAMB:  # FBGEMM's: weight decay always inside the trust ratio
+            self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
+            self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * g * g
+            m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
+            v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
+            direction = m_hat / (v_hat.sqrt() + self.eps) + self.wd * w
+            ratio = w.norm() / direction.norm() if direction.norm() > 0 else 0.0
+            new = w - self.lr * ratio * direction
+        elif self.opt == hf.EmbOptimType.LARS_SGD:  # FBGEMM's: weight decay always applied
+            w_norm, g_norm = w.norm(), g.norm()
+            denominator = g_norm + self.wd * w_norm
+            rate = self.lr * self.eta * w_norm / denominator if denominator > 0 else 0.0
+            self.m1[t][r] = self.momentum * self.m1[t][r] + rate * (g + self.wd * w)
+            new = w - self.m1[t][r]
+        elif self.opt == hf.EmbOptimType.PARTIAL_ROWWISE_ADAM:  # FBGEMM's: weight decay always decoupled
+            self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
+            self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * (g * g).mean()
+            m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
+            v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
+            new = w - self.lr * (m_hat / (v_hat.sqrt() + self.eps) + self.wd * w)
         else:  # ADAM, FBGEMM's: weight decay always decoupled
             self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
             self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * g * g
@@ -429,9 +453,10 @@ class Reference:
         self.tables[t][r] = new.to(self.dtype).double()  # rounded to the weights' format, to nearest
 
     def states(self):
-        if self.opt in (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.EXACT_ADAGRAD):
+        if self.opt in (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.EXACT_ADAGRAD,
+                        hf.EmbOptimType.LARS_SGD):
             return [[m] for m in self.m1]
-        if self.opt == hf.EmbOptimType.ADAM:
+        if self.opt in ADAMS:
             return [[a, b] for a, b in zip(self.m1, self.m2)]
         return []
 
@@ -507,7 +532,7 @@ def _train_and_compare(make_oracle, specs, ftm, pooling, weighted, optimizer, we
         table.copy_(torch.rand(table.shape, generator=gen) * 2 - 1)
     oracle = make_oracle(tbe)
     tol = _tolerances(weights_dtype)
-    if optimizer == hf.EmbOptimType.ADAM and weights_dtype == torch.float32:
+    if optimizer in ADAMS and weights_dtype == torch.float32:
         # m / (sqrt(v) + eps) amplifies fp32 rounding where the gradient is tiny: bound the error by a
         # small fraction of the step size instead of the weight.
         tol = dict(rtol=1e-5, atol=1e-5)
@@ -618,6 +643,17 @@ def test_training_matches_fbgemm_cpu(optimizer, weights_dtype, layout, pooling, 
 
 
 @needs_fbgemm
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LARS_SGD,
+                                       hf.EmbOptimType.LAMB], ids=lambda o: o.name)
+def test_fbgemm_cpu_lacks_the_gpu_only_optimizers(optimizer):
+    """Pins why these optimizers are tested against formulas: FBGEMM's CPU module refuses them."""
+    t = FBGEMM
+    with pytest.raises(AssertionError, match="not supported in CPU mode"):
+        t.SplitTableBatchedEmbeddingBagsCodegen([(10, 4, t.EmbeddingLocation.HOST, t.ComputeDevice.CPU)],
+                                                optimizer=t.OptimType(optimizer.value))
+
+
+@needs_fbgemm
 def test_unweighted_fp32_fbgemm_run_is_bit_close():
     """The tight case: fp32 SUM, distinct tables; hipdlrm and FBGEMM's CPU module agree to fp32 rounding."""
     specs, ftm = LAYOUTS["mixed_dims"]
@@ -630,7 +666,12 @@ def test_unweighted_fp32_fbgemm_run_is_bit_close():
 WD_CASES = [(hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.L2),
             (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.DECOUPLE),
             (hf.EmbOptimType.ADAM, hf.WeightDecayMode.NONE),
-            (hf.EmbOptimType.ADAM, hf.WeightDecayMode.DECOUPLE)]
+            (hf.EmbOptimType.ADAM, hf.WeightDecayMode.DECOUPLE),
+            (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.NONE),
+            (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.DECOUPLE),
+            (hf.EmbOptimType.LAMB, hf.WeightDecayMode.DECOUPLE),
+            (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.NONE),
+            (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.L2)]
 
 
 @pytest.mark.parametrize("optimizer, mode", WD_CASES, ids=[f"{o.name}-{m.name}" for o, m in WD_CASES])
@@ -638,26 +679,47 @@ WD_CASES = [(hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.L2),
 def test_weight_decay_matches_the_formula(optimizer, mode, layout):
     specs, ftm = LAYOUTS[layout]
     kwargs = dict(learning_rate=0.1, weight_decay=0.05, weight_decay_mode=mode)
-    # The reference's mode: FBGEMM's Adam always decouples.
-    reference_mode = 2 if optimizer == hf.EmbOptimType.ADAM else int(mode)
+    # The reference's mode: FBGEMM's Adams always decouple; LARS's decay is its own (the reference always
+    # applies it).
+    reference_mode = 2 if optimizer in ADAMS else int(mode)
+    lars = dict(eta=0.5, momentum=0.7) if optimizer == hf.EmbOptimType.LARS_SGD else {}
+    kwargs.update(lars)
     _train_and_compare(lambda tbe: ReferenceOracle(tbe, optimizer, hf.PoolingMode.SUM, torch.float32,
-                                                   weight_decay=0.05, weight_decay_mode=reference_mode),
+                                                   weight_decay=0.05, weight_decay_mode=reference_mode, **lars),
                        specs, ftm, hf.PoolingMode.SUM, True, optimizer, torch.float32, **kwargs)
 
 
+# The optimizers with Adam's moments (FBGEMM decays them decoupled whatever the mode).
+ADAMS = (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LAMB)
 ADAM_CASES = [(dt, layout, p, w) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
               for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN) for w in (False, True)]
 
 
+@pytest.mark.parametrize("opt", ADAMS, ids=lambda o: o.name)
 @pytest.mark.parametrize("weights_dtype, layout, pooling, weighted", ADAM_CASES,
                          ids=[f"{str(dt)[6:]}-{layout}-{p.name}-{'weighted' if w else 'unweighted'}"
                               for dt, layout, p, w in ADAM_CASES])
-def test_adam_matches_the_formula(weights_dtype, layout, pooling, weighted):
-    # FBGEMM's CPU module has no Adam (it asserts "not supported in CPU mode"): the formula is the reference.
+def test_adams_match_the_formula(opt, weights_dtype, layout, pooling, weighted):
+    # FBGEMM's CPU module has neither Adam (it asserts "not supported in CPU mode",
+    # test_fbgemm_cpu_lacks_the_gpu_only_optimizers): the formula is the reference.
     specs, ftm = LAYOUTS[layout]
-    opt = hf.EmbOptimType.ADAM
     _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, beta1=0.8, beta2=0.95),
                        specs, ftm, pooling, weighted, opt, weights_dtype, learning_rate=0.05, beta1=0.8, beta2=0.95)
+
+
+LARS_CASES = [(dt, layout, p, w) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
+              for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN) for w in (False, True)]
+
+
+@pytest.mark.parametrize("weights_dtype, layout, pooling, weighted", LARS_CASES,
+                         ids=[f"{str(dt)[6:]}-{layout}-{p.name}-{'weighted' if w else 'unweighted'}"
+                              for dt, layout, p, w in LARS_CASES])
+def test_lars_matches_the_formula(weights_dtype, layout, pooling, weighted):
+    # FBGEMM's CPU module has no LARS_SGD either: its GPU formula is the reference.
+    specs, ftm = LAYOUTS[layout]
+    opt = hf.EmbOptimType.LARS_SGD
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, eta=0.5, momentum=0.7),
+                       specs, ftm, pooling, weighted, opt, weights_dtype, learning_rate=0.05, eta=0.5, momentum=0.7)
 
 
 # ---- variable batch size per feature (VBE) ------------------------------------------------------------------
@@ -894,7 +956,10 @@ def test_vbe_gpu_matches_cpu(optimizer):
     (hf.EmbOptimType.EXACT_SGD, [], []),
     (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, [[(10,)], [(7,)]], [["sum"], ["sum"]]),
     (hf.EmbOptimType.EXACT_ADAGRAD, [[(10, 4)], [(7, 8)]], [["sum"], ["sum"]]),
-    (hf.EmbOptimType.ADAM, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2)])
+    (hf.EmbOptimType.ADAM, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2),
+    (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, [[(10, 4), (10,)], [(7, 8), (7,)]], [["exp_avg", "exp_avg_sq"]] * 2),
+    (hf.EmbOptimType.LARS_SGD, [[(10, 4)], [(7, 8)]], [["momentum_buffer"]] * 2),
+    (hf.EmbOptimType.LAMB, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2)])
 def test_optimizer_state_views(optimizer, shapes, keys):
     tbe = _make(optimizer=optimizer)
     states = tbe.split_optimizer_states()

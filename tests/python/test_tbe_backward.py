@@ -27,12 +27,13 @@ from hipdlrm import BoundsCheckMode, OptimType, PoolingMode, TableBatchedEmbeddi
 
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 POOLINGS = [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE]
-OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD]
+OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
+              OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB]
 MIXED_SPECS = [(50, 4), (37, 8), (100, 16), (9, 3), (1, 64), (20, 130), (64, 36)]
 MIXED_MAP = [0, 1, 2, 3, 4, 5, 2, 6]
 SEQUENCE_SPECS = [(50, 24), (1, 24), (37, 24)]
 SEQUENCE_MAP = [0, 1, 2, 0]
-SETTINGS = dict(learning_rate=0.05, eps=1e-2, beta1=0.8, beta2=0.95)
+SETTINGS = dict(learning_rate=0.05, eps=1e-2, beta1=0.8, beta2=0.95, eta=0.5, momentum=0.7)
 
 
 def _seed(*parts) -> int:
@@ -125,7 +126,7 @@ def touched_rows(module, indices, offsets) -> List[torch.Tensor]:
 
 
 class ReferenceTrainer:
-    """Dense fp64 tables trained with plain PyTorch optimizers (or row-wise Adagrad written out)."""
+    """Dense fp64 tables trained with plain PyTorch optimizers (or the row-wise optimizers written out)."""
 
     def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE):
         self.module = module
@@ -169,6 +170,20 @@ class ReferenceTrainer:
                 self.steps += 1
                 for t, m, v, mask in zip(self.tables, self.m, self.v, masks):
                     m[mask], v[mask], t[mask] = adam_rows(t[mask], t.grad[mask], m[mask], v[mask], self.steps, 0.0)
+            elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+                self.steps += 1
+                for t, m, v, mask in zip(self.tables, self.m, self.state, masks):
+                    m[mask], v[mask], t[mask] = partial_rowwise_adam_rows(t[mask], t.grad[mask], m[mask], v[mask],
+                                                                          self.steps, self.wd, self.wd_mode)
+            elif self.optimizer == OptimType.LAMB:
+                self.steps += 1
+                for t, m, v, mask in zip(self.tables, self.m, self.v, masks):
+                    m[mask], v[mask], t[mask] = lamb_rows(t[mask], t.grad[mask], m[mask], v[mask], self.steps,
+                                                          self.wd, self.wd_mode)
+            elif self.optimizer == OptimType.LARS_SGD:
+                wd = self.wd if self.wd_mode == WeightDecayMode.L2 else 0.0
+                for t, m, mask in zip(self.tables, self.m, masks):
+                    m[mask], t[mask] = lars_rows(t[mask], t.grad[mask], m[mask], wd)
             else:
                 lr, eps = SETTINGS["learning_rate"], SETTINGS["eps"]
                 for t, s, mask in zip(self.tables, self.state, masks):
@@ -230,13 +245,87 @@ def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype)
     if optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
         for ours, theirs in zip(module.split_optimizer_states(), ref.state):
             torch.testing.assert_close(ours[0].double(), theirs, rtol=1e-5, atol=1e-6)
-    if optimizer == OptimType.ADAM:
+    if optimizer in (OptimType.ADAM, OptimType.LAMB):
         for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.v):
             torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
     if optimizer == OptimType.EXACT_ADAGRAD:
         for ours, table in zip(module.split_optimizer_states(), ref.tables):
             torch.testing.assert_close(ours[0].double(), ref.opt.state[table]["sum"], rtol=1e-5, atol=1e-6)
+    if optimizer == OptimType.LARS_SGD:
+        for ours, m in zip(module.split_optimizer_states(), ref.m):
+            torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+    if optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+        for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.state):
+            assert ours[1].shape == v.shape
+            torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+def test_lars_weight_decay():
+    module = case(PoolingMode.SUM, OptimType.LARS_SGD, weight_decay=0.1, weight_decay_mode=WeightDecayMode.L2)
+    ref = ReferenceTrainer(module, OptimType.LARS_SGD, 0.1, WeightDecayMode.L2)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 5, 90 + step)
+        grad = upstream(module, indices, offsets, 95 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, m in zip(module.split_optimizer_states(), ref.m):
+        torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+
+
+def test_lars_rows_without_norm_take_no_step():
+    """A looked-up row with zero gradient (its per-sample weight is 0) and no decay: the rate's 0 / 0 is
+    taken as 0, so the row and its momentum keep their values (FBGEMM's formula would give NaN); a row of
+    zero weights gets rate 0 (LARS's trust ratio), as FBGEMM's."""
+    module = make_module([(4, 8)], None, PoolingMode.SUM, OptimType.LARS_SGD)
+    with torch.no_grad():
+        module.weights.view(4, 8)[2].zero_()
+        module.momentum1.fill_(0.25)
+    before = module.weights.detach().clone().view(4, 8)
+    indices, offsets = torch.tensor([0, 1, 2]), torch.tensor([0, 1, 2, 3])
+    psw = torch.tensor([0.0, 1.0, 1.0])
+    train_step(module, indices, offsets, psw, torch.ones(3, 8))
+    after, m = module.weights.detach().view(4, 8), module.momentum1.view(4, 8)
+    assert torch.isfinite(after).all() and torch.isfinite(m).all()
+    # rate 0: the momentum decays, and the row moves by it
+    torch.testing.assert_close(m[0], torch.full((8,), 0.25 * SETTINGS["momentum"]))
+    torch.testing.assert_close(after[0], before[0] - 0.25 * SETTINGS["momentum"])
+    torch.testing.assert_close(m[2], torch.full((8,), 0.25 * SETTINGS["momentum"]))
+    assert not torch.equal(after[1], before[1])
+
+
+@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
+def test_lamb_weight_decay(mode):
+    module = case(PoolingMode.SUM, OptimType.LAMB, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, OptimType.LAMB, 0.1, mode)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 5, 110 + step)
+        grad = upstream(module, indices, offsets, 115 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.v):
+        torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
+def test_partial_rowwise_adam_weight_decay(mode):
+    module = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, OptimType.PARTIAL_ROWWISE_ADAM, 0.1, mode)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 5, 70 + step)
+        grad = upstream(module, indices, offsets, 80 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, v in zip(module.split_optimizer_states(), ref.state):
+        torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("optimizer", [OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD], ids=lambda o: o.name)
@@ -276,6 +365,49 @@ def adam_rows(w, g, m, v, step, wd):
     v = b2 * v + (1 - b2) * g * g
     update = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
     return m, v, w - lr * wd * w - lr * update
+
+
+def partial_rowwise_adam_rows(w, g, m, v, step, wd, mode):
+    """FBGEMM's PARTIAL_ROWWISE_ADAM written out on some rows: Adam's first moment m per element, its second
+    moment v per row, of the row's mean squared gradient. New (m, v, w)."""
+    lr, b1, b2, eps = SETTINGS["learning_rate"], SETTINGS["beta1"], SETTINGS["beta2"], SETTINGS["eps"]
+    if mode == WeightDecayMode.L2:
+        g = g + wd * w
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * (g * g).mean(dim=1)
+    update = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)[:, None]
+    new = w - lr * update
+    if mode == WeightDecayMode.DECOUPLED:
+        new = new - lr * wd * w
+    return m, v, new
+
+
+def lamb_rows(w, g, m, v, step, wd, mode):
+    """FBGEMM's LAMB written out on some rows: Adam's bias-corrected direction r (+ wd w with DECOUPLED;
+    L2 decays the gradient first), scaled per row by the trust ratio |w| / |r| (0 where |r| is 0).
+    New (m, v, w)."""
+    lr, b1, b2, eps = SETTINGS["learning_rate"], SETTINGS["beta1"], SETTINGS["beta2"], SETTINGS["eps"]
+    if mode == WeightDecayMode.L2:
+        g = g + wd * w
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    r = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
+    if mode == WeightDecayMode.DECOUPLED:
+        r = r + wd * w
+    r_norm = r.norm(dim=1)
+    ratio = torch.where(r_norm > 0, w.norm(dim=1) / r_norm.clamp_min(1e-300), 0.0)
+    return m, v, w - lr * ratio[:, None] * r
+
+
+def lars_rows(w, g, m, wd):
+    """FBGEMM's LARS_SGD written out on some rows: each row's rate lr * eta * |w| / (|g| + wd |w|) (0 where
+    that denominator is 0), then momentum SGD on g + wd w at that rate. New (m, w)."""
+    lr, eta, mu = SETTINGS["learning_rate"], SETTINGS["eta"], SETTINGS["momentum"]
+    w_norm, g_norm = w.norm(dim=1), g.norm(dim=1)
+    denominator = g_norm + wd * w_norm
+    rate = torch.where(denominator > 0, lr * eta * w_norm / denominator.clamp_min(1e-300), 0.0)
+    m = mu * m + rate[:, None] * (g + wd * w)
+    return m, w - m
 
 
 def test_adam_matches_torch_adam():
@@ -481,6 +613,14 @@ def test_split_optimizer_states_shapes():
     adagrad = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_ADAGRAD)
     assert [[tuple(s.shape) for s in t] for t in adagrad.split_optimizer_states()] == [[(10, 4)], [(7, 3)]]
     assert set(adagrad.state_dict()) == {"weights", "momentum1", "optimizer_counters"}
+    partial = make_module(specs, None, PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM)
+    assert [[tuple(s.shape) for s in t] for t in partial.split_optimizer_states()] == [[(10, 4), (10,)],
+                                                                                       [(7, 3), (7,)]]
+    assert set(partial.state_dict()) == {"weights", "momentum1", "momentum2", "optimizer_counters"}
+    lamb = make_module(specs, None, PoolingMode.SUM, OptimType.LAMB)
+    assert [[tuple(s.shape) for s in t] for t in lamb.split_optimizer_states()] == [[(10, 4)] * 2, [(7, 3)] * 2]
+    lars = make_module(specs, None, PoolingMode.SUM, OptimType.LARS_SGD)
+    assert [[tuple(s.shape) for s in t] for t in lars.split_optimizer_states()] == [[(10, 4)], [(7, 3)]]
     sgd = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_SGD)
     assert sgd.split_optimizer_states() == [[], []]
     assert set(sgd.state_dict()) == {"weights", "optimizer_counters"}
@@ -549,9 +689,26 @@ def test_errors():
     op = torch.ops.hipdlrm.tbe_backward
     op(*op_args(module, indices, offsets, grad))  # valid
     with pytest.raises(RuntimeError, match="optimizer must be"):
-        op(*op_args(module, indices, offsets, grad, optimizer=7))
+        op(*op_args(module, indices, offsets, grad, optimizer=99))
     with pytest.raises(RuntimeError, match="momentum1 must have 16 entries"):
         op(*op_args(module, indices, offsets, grad, m1=torch.zeros(5)))
+    numel = module.weights.numel()
+    with pytest.raises(RuntimeError, match="momentum2 must have 16 entries"):  # one per row, not per weight
+        op(*op_args(module, indices, offsets, grad, optimizer=OptimType.PARTIAL_ROWWISE_ADAM, m1=torch.zeros(numel),
+                    m2=torch.zeros(numel)))
+    lars = op_args(module, indices, offsets, grad, optimizer=OptimType.LARS_SGD, m1=torch.zeros(numel))
+    for extra, message in (([0.0, 0.9], "eta must be a finite number > 0, got 0"),
+                           ([0.001, 1.0], r"momentum must be in \[0, 1\), got 1"),
+                           ([0.001, -0.5], r"momentum must be in \[0, 1\), got -0.5")):
+        with pytest.raises(RuntimeError, match=message):
+            op(*lars, *extra)
+    lars[21] = int(WeightDecayMode.DECOUPLED)
+    with pytest.raises(RuntimeError, match="weight_decay_mode must be 0 \\(NONE\\) or 1 \\(L2\\)"):
+        op(*lars)
+    for kwargs, message in ((dict(eta=0.0), "eta must be > 0"), (dict(momentum=1.0), r"momentum must be in \[0, 1\)"),
+                            (dict(weight_decay_mode=WeightDecayMode.DECOUPLED), "use WeightDecayMode.L2")):
+        with pytest.raises(ValueError, match=message):
+            make_module([(4, 4)], None, PoolingMode.SUM, OptimType.LARS_SGD, **kwargs)
     with pytest.raises(RuntimeError, match="grad_output must have the forward output's shape"):
         op(*op_args(module, indices, offsets, torch.zeros(3, 6)))
     with pytest.raises(RuntimeError, match="indices\\[2\\] = 9"):
@@ -742,6 +899,12 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         states = [torch.randn(numel, generator=g) * 0.01, torch.rand(numel, generator=g) * 0.01]
     elif optimizer == OptimType.EXACT_ADAGRAD:
         states = [torch.rand(numel, generator=g) * 0.1, torch.empty(0)]
+    elif optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.rand(module.total_rows, generator=g) * 0.01]
+    elif optimizer == OptimType.LARS_SGD:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.empty(0)]
+    elif optimizer == OptimType.LAMB:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.rand(numel, generator=g) * 0.01]
     else:
         states = [torch.empty(0), torch.empty(0)]
     move = (lambda t: offset_copy(t, device)) if unaligned else (lambda t: t.clone().to(device))

@@ -80,12 +80,16 @@ constexpr int kSegmentBlock = 128;
 // Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 6 (80
 // registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4 and for an
 // optimizer with per-element state (Adam's two states per element spill in 80 registers), 3 for that with
-// 4. The apply kernel is bound by the latency of its per-segment integer work, so more warps beat more
-// loads in flight per warp (docs/tbe.md, "Backward"). AMD takes no bound: hipcc's second launch bound
-// means waves per SIMD, and the unbounded kernels fit 3 or more waves per SIMD there.
+// 4; 5 (96 registers, 20 warps) with up to 2 vectors for one with row sums and no element state (row-wise
+// Adagrad: its measuring pass spills in 80). The apply kernel is bound by the latency of its per-segment
+// integer work, so more warps beat more loads in flight per warp (docs/tbe.md, "Backward"). AMD takes no
+// bound: hipcc's second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves
+// per SIMD there.
 template <int K, OptimType kOpt>
 constexpr int segment_min_blocks() {
-  return OptimizerTraits<kOpt>::kElementStates > 0 ? (K >= 4 ? 3 : 4) : (K <= 2 ? 6 : 4);
+  if constexpr (OptimizerTraits<kOpt>::kElementStates > 0) return K >= 4 ? 3 : 4;
+  if constexpr (OptimizerTraits<kOpt>::kRowSums > 0) return K <= 2 ? 5 : 4;
+  return K <= 2 ? 6 : 4;
 }
 #define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
 
@@ -876,39 +880,48 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
       ref.m_whole = D % kVec == 0 && gpu::is_aligned(ref.m1, 16) && gpu::is_aligned(ref.m2, 16);
     }
     // A row of one chunk (every benchmark shape) loads its weights and states before its gradient is
-    // summed and sums it once. A wider row goes chunk by chunk; row-wise Adagrad, which needs the whole
-    // row's gradient before it updates any column, then makes two passes: the first only measures.
+    // summed and sums it once. A wider row goes chunk by chunk; an optimizer with row sums, which needs
+    // them over the whole row before it updates any column, then makes two passes: the first only measures.
+    using Traits = OptimizerTraits<kOpt>;
     const bool single = D <= kChunk;
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
-    float multiplier = o.learning_rate, squares = 0.0f, state = 0.0f;
-    if constexpr (OptimizerTraits<kOpt>::kRowState) state = p.momentum1[key];
+    float multiplier = o.learning_rate;
+    float sums[kMaxRowSums] = {};
+    // The row's state (momentum1 without element states, momentum2 after one), loaded early.
+    float* const row_states = Traits::kElementStates == 0 ? p.momentum1 : p.momentum2;
+    float state = 0.0f;
+    if constexpr (Traits::kRowState) state = row_states[key];
     const std::uint64_t row_state =
         !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(w.optim->rounding_step_state, key) : 0;
-    const int passes = kOpt == OptimType::kExactRowwiseAdagrad && !single ? 2 : 1;
+    const int passes = Traits::kRowSums > 0 && !single ? 2 : 1;
     for (int pass = 0; pass < passes; ++pass) {
       for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
         const int left = cols_from(D, col0);
         if (!single) load_row(ref, col0, left, r);
         row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, acc);
-        if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
+        if constexpr (Traits::kRowSums > 0) {
           if (pass == 0) {
 #pragma unroll
             for (int k = 0; k < K; ++k) {
               const int col = lane_col(lane, k);
-              float wv[kVec];
+              float wv[kVec], mv[kVec] = {}, vv[kVec] = {};
               gpu::unpack_to_float(r.w[k], wv);
+              if constexpr (Traits::kElementStates >= 1) gpu::unpack_to_float(r.m1[k], mv);
+              if constexpr (Traits::kElementStates >= 2) gpu::unpack_to_float(r.m2[k], vv);
 #pragma unroll
               for (int e = 0; e < kVec; ++e) {
                 if (col + e >= left) continue;
-                squares = rowwise_adagrad_add_square(o, wv[e], acc[k][e], squares);
+                add_row_sums<kOpt>(o, wv[e], acc[k][e], mv[e], vv[e], sums);
               }
             }
             if (col0 + kChunk < D) continue;  // the rest of the row first (this pass only measures)
-            squares = gpu::wave_reduce(squares, gpu::SumOp());
-            const float updated = rowwise_adagrad_state(state, squares, D);
-            if (lane == 0) p.momentum1[key] = updated;
-            multiplier = rowwise_adagrad_multiplier(o, updated);
+#pragma unroll
+            for (int i = 0; i < Traits::kRowSums; ++i) sums[i] = gpu::wave_reduce(sums[i], gpu::SumOp());
+            multiplier = row_multiplier<kOpt>(o, state, sums, D);
+            if constexpr (Traits::kRowState) {
+              if (lane == 0) row_states[key] = state;
+            }
             if (!single) continue;  // the second pass sums each chunk again and updates it
           }
         }
@@ -933,9 +946,9 @@ __global__ void step_kernel(OptimizerArgs o, std::int64_t* counters, double beta
 template <typename W, int K, OptimType kOpt, bool kPrefetch>
 __global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
     apply_kernel(SegmentProblem p, Workspace w, const std::int32_t* num_segments) {
-  // This call's step values (step_kernel), read where they are used: Adam's bias corrections here, the
+  // This call's step values (step_kernel), read where they are used: the Adams' bias corrections here, the
   // rounding state per row. The settings stay kernel parameters, out of the registers.
-  if constexpr (kOpt == OptimType::kAdam) {
+  if constexpr (uses_bias_correction(kOpt)) {
     p.optim.bias_correction1 = w.optim->bias_correction1;
     p.optim.bias_correction2 = w.optim->bias_correction2;
   }
@@ -1047,6 +1060,18 @@ void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspa
     case OptimType::kExactAdagrad:
       launch_apply_weights<K, OptimType::kExactAdagrad>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
                                                         multiprocessors, stream);
+      break;
+    case OptimType::kPartialRowwiseAdam:
+      launch_apply_weights<K, OptimType::kPartialRowwiseAdam>(sp, weights_dtype, w, num_segments, max_segments,
+                                                              wave_size, multiprocessors, stream);
+      break;
+    case OptimType::kLarsSgd:
+      launch_apply_weights<K, OptimType::kLarsSgd>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
+                                                   multiprocessors, stream);
+      break;
+    case OptimType::kLamb:
+      launch_apply_weights<K, OptimType::kLamb>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
+                                                multiprocessors, stream);
       break;
     default:
       launch_apply_weights<K, OptimType::kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,

@@ -43,8 +43,8 @@ struct BackwardProblem {
   PoolingMode pooling_mode = PoolingMode::kSum;
   const float* per_sample_weights = nullptr;  // [N] or null
   float* grad_per_sample_weights = nullptr;   // [N] (written when per_sample_weights is given)
-  float* momentum1 = nullptr;  // row-wise Adagrad: [total_rows]; Adam: like weights
-  float* momentum2 = nullptr;  // Adam: like weights
+  float* momentum1 = nullptr;  // row-wise Adagrad: [total_rows]; the others with state: like weights
+  float* momentum2 = nullptr;  // Adam: like weights; partial row-wise Adam: [total_rows]
   OptimizerArgs optim;  // its per-step values are set on the device, from optimizer_counters
   // int64 [step, seed]: the backward adds 1 to step and uses the new value (not for OptimType::kNone).
   std::int64_t* optimizer_counters = nullptr;

@@ -1,13 +1,13 @@
 // The optimizers' arithmetic, defined once for the CPU reference (ops/tbe/tbe_backward.cpp) and the GPU
-// kernels (tbe_backward.cu): the per-element update of each optimizer, row-wise Adagrad's per-row steps,
-// and the stochastic rounding of 16-bit weights. Plain inline functions, host and device (no runtime
-// headers: the CPU-only build includes this), so both sides compute the same expressions on the same
-// values; a device compiler may still contract a multiply and an add into one fma where the host does not.
+// kernels (tbe_backward.cu): the per-element update of each optimizer, the per-row steps of the optimizers
+// that reduce over the row, and the stochastic rounding of 16-bit weights. Plain inline functions, host and
+// device (no runtime headers: the CPU-only build includes this), so both sides compute the same expressions
+// on the same values; a device compiler may still contract a multiply and an add into one fma where the host does not.
 //
 // Adding an optimizer: its code in OptimType (tbe_types.h) and Python's OptimType, its state in
-// OptimizerTraits, its update in update_element (and a row step beside row-wise Adagrad's if it needs a
-// reduction over the row), its state checks in check_optimizer_arguments, and a case in the CPU and GPU
-// dispatch switches.
+// OptimizerTraits, its update in update_element (and its terms in add_row_sums and its row step in
+// row_multiplier if it needs sums over the row), its state checks in check_optimizer_arguments, and a case
+// in the CPU and GPU dispatch switches.
 #pragma once
 
 #include <cmath>
@@ -32,62 +32,155 @@ struct OptimizerArgs {
   float beta1 = 0.0f;
   float beta2 = 0.0f;
   float weight_decay = 0.0f;
+  float eta = 0.0f;       // LARS's trust coefficient
+  float momentum = 0.0f;  // LARS's momentum
   bool stochastic_rounding = false;
   // Set by set_step:
-  float bias_correction1 = 1.0f;  // 1 - beta1^step (Adam)
-  float bias_correction2 = 1.0f;  // 1 - beta2^step (Adam)
+  float bias_correction1 = 1.0f;  // 1 - beta1^step (the Adams)
+  float bias_correction2 = 1.0f;  // 1 - beta2^step (the Adams)
   std::uint64_t rounding_step_state = 0;  // rounding_step_state(seed, step)
 };
 
 // The state an optimizer keeps: kElementStates fp32 tensors shaped like the weights (momentum1, then
-// momentum2), or with kRowState one fp32 per row of the row space (momentum1 [total_rows]).
+// momentum2), and with kRowState one fp32 per row of the row space ([total_rows]: momentum1 when there is no
+// element state, row-wise Adagrad; the next one, momentum2, after one, partial row-wise Adam). kRowSums: how
+// many sums over the row (add_row_sums) the step needs before it updates any column.
 template <OptimType kOpt>
 struct OptimizerTraits {
   static constexpr int kElementStates = 0;
   static constexpr bool kRowState = false;
+  static constexpr int kRowSums = 0;
 };
 template <>
 struct OptimizerTraits<OptimType::kExactRowwiseAdagrad> {
   static constexpr int kElementStates = 0;
   static constexpr bool kRowState = true;
+  static constexpr int kRowSums = 1;
 };
 template <>
 struct OptimizerTraits<OptimType::kExactAdagrad> {
   static constexpr int kElementStates = 1;
   static constexpr bool kRowState = false;
+  static constexpr int kRowSums = 0;
 };
 template <>
 struct OptimizerTraits<OptimType::kAdam> {
   static constexpr int kElementStates = 2;
   static constexpr bool kRowState = false;
+  static constexpr int kRowSums = 0;
+};
+template <>
+struct OptimizerTraits<OptimType::kPartialRowwiseAdam> {
+  static constexpr int kElementStates = 1;
+  static constexpr bool kRowState = true;
+  static constexpr int kRowSums = 1;
+};
+template <>
+struct OptimizerTraits<OptimType::kLamb> {
+  static constexpr int kElementStates = 2;
+  static constexpr bool kRowState = false;
+  static constexpr int kRowSums = 2;
+};
+template <>
+struct OptimizerTraits<OptimType::kLarsSgd> {
+  static constexpr int kElementStates = 1;
+  static constexpr bool kRowState = false;
+  static constexpr int kRowSums = 2;
 };
 
-// ---- row-wise Adagrad's row steps ----------------------------------------------------------------------
-// The row's state grows by the mean of the squared gradient (L2 decay included) over its D columns, and the
-// new state gives the row's step size. A kernel spreads the sum over lanes and reduces it across the wave.
+// Whether the optimizer's step uses Adam's bias corrections (set_step).
+HIPDLRM_HOST_DEVICE constexpr bool uses_bias_correction(OptimType t) {
+  return t == OptimType::kAdam || t == OptimType::kPartialRowwiseAdam || t == OptimType::kLamb;
+}
 
-// squares + g^2 for one element (w: its weight before the update).
-HIPDLRM_HOST_DEVICE float rowwise_adagrad_add_square(const OptimizerArgs& o, float w, float g, float squares) {
+// ---- the row steps ----------------------------------------------------------------------------------------
+// An optimizer with kRowSums > 0 first sums terms over the row's D columns (a kernel spreads the sums over
+// lanes and reduces them across the wave), then turns the sums into the row's multiplier for update_element,
+// updating its per-row state on the way.
+
+constexpr int kMaxRowSums = 2;
+
+// LAMB's direction for one element before the trust ratio: Adam's bias-corrected ratio from the element's
+// updated moments (m1, m2: read, and set to the updated ones), plus weight_decay * w with DECOUPLED (FBGEMM's
+// LAMB decay, inside the trust ratio); L2 adds weight_decay * w to the gradient first.
+HIPDLRM_HOST_DEVICE float lamb_direction(const OptimizerArgs& o, float w, float g, float& m1, float& m2) {
   if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
-  return fmaf(g, g, squares);
+  m1 = o.beta1 * m1 + (1.0f - o.beta1) * g;
+  m2 = o.beta2 * m2 + (1.0f - o.beta2) * g * g;
+  float r = (m1 / o.bias_correction1) / (sqrtf(m2 / o.bias_correction2) + o.eps);
+  if (o.weight_decay_mode == WeightDecayMode::kDecoupled) r = fmaf(o.weight_decay, w, r);
+  return r;
 }
-HIPDLRM_HOST_DEVICE float rowwise_adagrad_state(float state, float squares, std::int64_t D) {
-  return state + squares / static_cast<float>(D);
+
+// Adds one element's terms to the row's sums (w: its weight before the update, g: its summed gradient, m1
+// and m2: its states before the update, left unchanged). Row-wise Adagrad and partial row-wise Adam: the
+// squared gradient (L2 decay included). LARS: the squared weight and the squared gradient (decay
+// excluded: it enters the trust ratio through the weight's norm). LAMB: the squared weight and the squared
+// direction (lamb_direction).
+template <OptimType kOpt>
+HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, float m1, float m2,
+                                      float (&sums)[kMaxRowSums]) {
+  static_assert(OptimizerTraits<kOpt>::kRowSums > 0, "an optimizer with row sums");
+  if constexpr (kOpt == OptimType::kLamb) {
+    const float r = lamb_direction(o, w, g, m1, m2);
+    sums[0] = fmaf(w, w, sums[0]);
+    sums[1] = fmaf(r, r, sums[1]);
+  } else if constexpr (kOpt == OptimType::kLarsSgd) {
+    sums[0] = fmaf(w, w, sums[0]);
+    sums[1] = fmaf(g, g, sums[1]);
+  } else {
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    sums[0] = fmaf(g, g, sums[0]);
+  }
 }
-HIPDLRM_HOST_DEVICE float rowwise_adagrad_multiplier(const OptimizerArgs& o, float state) {
-  return o.learning_rate / (sqrtf(state) + o.eps);
+
+// The row's multiplier from its sums over D columns; `state` is the row's state (read and updated).
+// Row-wise Adagrad: the state grows by the mean squared gradient; the multiplier is the row's step size.
+// Partial row-wise Adam (FBGEMM's PARTIAL_ROWWISE_ADAM): the state is the second moment of the row's mean
+// squared gradient; the multiplier is 1 / (sqrt(bias-corrected second moment) + eps).
+// LARS (FBGEMM's LARS_SGD; no row state): the row's learning rate lr * eta * |w| / (|g| + wd * |w|), wd the L2
+// decay; 0 where that denominator is 0 (then the row's gradient and decay are 0, so it gets no new step,
+// where FBGEMM's 0 / 0 would write NaN into the momentum).
+// LAMB (FBGEMM's LAMB; no row state): lr * |w| / |r|, the trust ratio of the row's direction r; 0 where |r|
+// is 0 (then r is 0 and the step too, where FBGEMM's 0 / 0 would write NaN into the row).
+template <OptimType kOpt>
+HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, const float (&sums)[kMaxRowSums],
+                                         std::int64_t D) {
+  static_assert(kOpt == OptimType::kExactRowwiseAdagrad || kOpt == OptimType::kPartialRowwiseAdam ||
+                    kOpt == OptimType::kLarsSgd || kOpt == OptimType::kLamb,
+                "an optimizer with a row step");
+  if constexpr (kOpt == OptimType::kLamb) {
+    const float direction_norm = sqrtf(sums[1]);
+    return direction_norm > 0.0f ? o.learning_rate * (sqrtf(sums[0]) / direction_norm) : 0.0f;
+  }
+  if constexpr (kOpt == OptimType::kLarsSgd) {
+    const float wd = o.weight_decay_mode == WeightDecayMode::kL2 ? o.weight_decay : 0.0f;
+    const float weight_norm = sqrtf(sums[0]);
+    const float denominator = sqrtf(sums[1]) + wd * weight_norm;
+    return denominator > 0.0f ? o.learning_rate * o.eta * weight_norm / denominator : 0.0f;
+  }
+  const float mean_square = sums[0] / static_cast<float>(D);
+  if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
+    state += mean_square;
+    return o.learning_rate / (sqrtf(state) + o.eps);
+  } else if constexpr (kOpt == OptimType::kPartialRowwiseAdam) {
+    state = o.beta2 * state + (1.0f - o.beta2) * mean_square;
+    return 1.0f / (sqrtf(state / o.bias_correction2) + o.eps);
+  }
 }
 
 // ---- the per-element update ----------------------------------------------------------------------------
 
-// The new value of one weight w from its summed gradient g. `multiplier` is the row's step size
-// (rowwise_adagrad_multiplier; unused by the others); m1 and m2 are the element's states (read and updated:
-// Adam both, Adagrad m1; unused by the others).
+// The new value of one weight w from its summed gradient g. `multiplier` is the row's (row_multiplier; unused
+// by the optimizers without row sums); m1 and m2 are the element's states (read and updated: Adam both,
+// LAMB both, Adagrad, partial row-wise Adam and LARS m1; unused by the others).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float g, float multiplier, float& m1,
                                          float& m2) {
   static_assert(kOpt == OptimType::kExactSgd || kOpt == OptimType::kExactRowwiseAdagrad ||
-                    kOpt == OptimType::kExactAdagrad || kOpt == OptimType::kAdam,
+                    kOpt == OptimType::kExactAdagrad || kOpt == OptimType::kAdam ||
+                    kOpt == OptimType::kPartialRowwiseAdam || kOpt == OptimType::kLarsSgd ||
+                    kOpt == OptimType::kLamb,
                 "an optimizer with an update");
   if constexpr (kOpt == OptimType::kExactSgd) {
     // Decoupled decay is the same step for SGD: w - lr * (g + wd * w).
@@ -103,6 +196,21 @@ HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float 
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
     m1 = fmaf(g, g, m1);
     float next = w - o.learning_rate * g / (sqrtf(m1) + o.eps);
+    if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
+    return next;
+  } else if constexpr (kOpt == OptimType::kLamb) {
+    // The direction at the row's trust-ratio step (multiplier).
+    return w - multiplier * lamb_direction(o, w, g, m1, m2);
+  } else if constexpr (kOpt == OptimType::kLarsSgd) {
+    // Momentum SGD at the row's LARS learning rate (multiplier), on the L2-decayed gradient.
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    m1 = o.momentum * m1 + multiplier * g;
+    return w - m1;
+  } else if constexpr (kOpt == OptimType::kPartialRowwiseAdam) {
+    // Adam's first moment per element, the row's second moment in the multiplier.
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    m1 = o.beta1 * m1 + (1.0f - o.beta1) * g;
+    float next = w - o.learning_rate * ((m1 / o.bias_correction1) * multiplier);
     if (o.weight_decay_mode == WeightDecayMode::kDecoupled) next -= o.learning_rate * o.weight_decay * w;
     return next;
   } else {
@@ -146,11 +254,11 @@ HIPDLRM_HOST_DEVICE std::uint64_t rounding_row_state(std::uint64_t seed, std::ui
   return rounding_row_state_from(rounding_step_state(seed, step), row);
 }
 
-// The per-step values of step `step` (>= 1; Adam's bias corrections from the betas in double, as the
+// The per-step values of step `step` (>= 1; the Adams' bias corrections from the betas in double, as the
 // settings were given).
 HIPDLRM_HOST_DEVICE void set_step(OptimizerArgs& o, std::uint64_t step, std::uint64_t seed, double beta1,
                                   double beta2) {
-  if (o.optimizer == OptimType::kAdam) {
+  if (uses_bias_correction(o.optimizer)) {
     o.bias_correction1 = static_cast<float>(1.0 - pow(beta1, static_cast<double>(step)));
     o.bias_correction2 = static_cast<float>(1.0 - pow(beta2, static_cast<double>(step)));
   }

@@ -150,15 +150,19 @@ W round_weight(float v, const OptimizerArgs& o, std::uint64_t row_state, std::in
 template <typename W, OptimType kOpt>
 void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_offset, std::uint64_t key,
                const float* g, float* momentum1, float* momentum2) {
-  constexpr int kStates = ktbe::OptimizerTraits<kOpt>::kElementStates;
+  using Traits = ktbe::OptimizerTraits<kOpt>;
+  constexpr int kStates = Traits::kElementStates;
   float multiplier = o.learning_rate;
-  if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
-    float squares = 0.0f;
-    for (std::int64_t d = 0; d < D; ++d)
-      squares = ktbe::rowwise_adagrad_add_square(o, static_cast<float>(row[d]), g[d], squares);
-    const float updated = ktbe::rowwise_adagrad_state(momentum1[key], squares, D);
-    momentum1[key] = updated;
-    multiplier = ktbe::rowwise_adagrad_multiplier(o, updated);
+  if constexpr (Traits::kRowSums > 0) {
+    float sums[ktbe::kMaxRowSums] = {};
+    for (std::int64_t d = 0; d < D; ++d) {
+      const float m1 = kStates >= 1 ? momentum1[row_offset + d] : 0.0f;
+      const float m2 = kStates >= 2 ? momentum2[row_offset + d] : 0.0f;
+      ktbe::add_row_sums<kOpt>(o, static_cast<float>(row[d]), g[d], m1, m2, sums);
+    }
+    float no_row_state = 0.0f;
+    float& state = !Traits::kRowState ? no_row_state : kStates == 0 ? momentum1[key] : momentum2[key];
+    multiplier = ktbe::row_multiplier<kOpt>(o, state, sums, D);
   }
   const std::uint64_t row_state = ktbe::rounding_row_state_from(o.rounding_step_state, key);
   float no_state = 0.0f;
@@ -282,7 +286,7 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
   const std::int64_t step = counters[0] + 1;
   ktbe::set_step(o, static_cast<std::uint64_t>(step), static_cast<std::uint64_t>(counters[1]), a.beta1, a.beta2);
   TORCH_CHECK(o.bias_correction1 > 0.0f && o.bias_correction2 > 0.0f,
-              "tbe_backward: ADAM's bias corrections 1 - beta^step must be > 0 (beta1 = ", a.beta1, ", beta2 = ",
+              "tbe_backward: the Adams' bias corrections 1 - beta^step must be > 0 (beta1 = ", a.beta1, ", beta2 = ",
               a.beta2, ", step = ", step, ")");
   counters[0] = step;
   float* m1 = a.momentum1.numel() > 0 ? a.momentum1.data_ptr<float>() : nullptr;
@@ -296,6 +300,11 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
         break;
       case OptimType::kAdam: apply_rows<scalar_t, OptimType::kAdam>(p, o, w, m1, m2); break;
       case OptimType::kExactAdagrad: apply_rows<scalar_t, OptimType::kExactAdagrad>(p, o, w, m1, m2); break;
+      case OptimType::kPartialRowwiseAdam:
+        apply_rows<scalar_t, OptimType::kPartialRowwiseAdam>(p, o, w, m1, m2);
+        break;
+      case OptimType::kLarsSgd: apply_rows<scalar_t, OptimType::kLarsSgd>(p, o, w, m1, m2); break;
+      case OptimType::kLamb: apply_rows<scalar_t, OptimType::kLamb>(p, o, w, m1, m2); break;
       case OptimType::kNone: break;  // rejected by check_optimizer_arguments
     }
   });
@@ -340,7 +349,8 @@ void define_backward(torch::Library& m) {
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
       "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
-      "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters) -> Tensor");
+      "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters, float eta=0.001, "
+      "float momentum=0.9) -> Tensor");
   m.def(
       "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
@@ -398,6 +408,8 @@ BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit:
   a.weight_decay_mode = s["weight_decay_mode"].toInt();
   a.stochastic_rounding = s["stochastic_rounding"].toBool();
   a.optimizer_counters = s["optimizer_counters"].toTensor();
+  a.eta = s["eta"].toDouble();
+  a.momentum = s["momentum"].toDouble();
   return a;
 }
 
@@ -442,9 +454,11 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   const double eps = a.eps, beta1 = a.beta1, beta2 = a.beta2;
   const auto code = [](OptimType t) { return static_cast<std::int64_t>(t); };
   TORCH_CHECK(optimizer == code(OptimType::kExactSgd) || optimizer == code(OptimType::kExactRowwiseAdagrad) ||
-                  optimizer == code(OptimType::kAdam) || optimizer == code(OptimType::kExactAdagrad),
-              "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM) or 4 (EXACT_ADAGRAD), "
-              "got ", optimizer);
+                  optimizer == code(OptimType::kAdam) || optimizer == code(OptimType::kExactAdagrad) ||
+                  optimizer == code(OptimType::kPartialRowwiseAdam) || optimizer == code(OptimType::kLarsSgd) ||
+                  optimizer == code(OptimType::kLamb),
+              "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM), 4 (EXACT_ADAGRAD), "
+              "5 (PARTIAL_ROWWISE_ADAM), 6 (LARS_SGD) or 7 (LAMB), got ", optimizer);
   TORCH_CHECK(a.weight_decay_mode >= static_cast<std::int64_t>(ktbe::WeightDecayMode::kNone) &&
                   a.weight_decay_mode <= static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
               "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", a.weight_decay_mode);
@@ -460,6 +474,15 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     check_state("momentum1", a.momentum1, weights, a.total_rows, "one per row, total_rows");
     check_state("momentum2", a.momentum2, weights, 0, "EXACT_ROWWISE_ADAGRAD keeps one state");
+  } else if (opt == OptimType::kLarsSgd) {
+    TORCH_CHECK(std::isfinite(a.eta) && a.eta > 0.0, "tbe_backward: eta must be a finite number > 0, got ", a.eta);
+    TORCH_CHECK(std::isfinite(a.momentum) && a.momentum >= 0.0 && a.momentum < 1.0,
+                "tbe_backward: momentum must be in [0, 1), got ", a.momentum);
+    TORCH_CHECK(a.weight_decay_mode != static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
+                "tbe_backward: LARS_SGD's weight decay is part of its trust ratio: weight_decay_mode must be 0 (NONE) "
+                "or 1 (L2), got 2 (DECOUPLED)");
+    check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
+    check_state("momentum2", a.momentum2, weights, 0, "LARS_SGD keeps one state");
   } else if (opt == OptimType::kExactAdagrad) {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
@@ -469,7 +492,10 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
     TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
                 "tbe_backward: beta1 and beta2 must be in [0, 1), got ", beta1, " and ", beta2);
     check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
-    check_state("momentum2", a.momentum2, weights, weights.numel(), "one per weight");
+    if (opt == OptimType::kAdam || opt == OptimType::kLamb)
+      check_state("momentum2", a.momentum2, weights, weights.numel(), "one per weight");
+    else
+      check_state("momentum2", a.momentum2, weights, a.total_rows, "one per row, total_rows");
   }
   const at::Tensor& counters = a.optimizer_counters;
   TORCH_CHECK(counters.dim() == 1 && counters.scalar_type() == at::kLong && counters.numel() == 2,
@@ -486,6 +512,8 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   o.beta1 = static_cast<float>(beta1);
   o.beta2 = static_cast<float>(beta2);
   o.weight_decay = static_cast<float>(a.weight_decay);
+  o.eta = static_cast<float>(a.eta);
+  o.momentum = static_cast<float>(a.momentum);
   o.stochastic_rounding = a.stochastic_rounding;
   return o;
 }

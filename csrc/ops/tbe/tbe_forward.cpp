@@ -169,7 +169,9 @@ std::string tbe_enum(c10::string_view name) {
   if (name == "OptimType")
     return "NONE=" + code(ktbe::OptimType::kNone) + ",EXACT_SGD=" + code(ktbe::OptimType::kExactSgd) +
            ",EXACT_ROWWISE_ADAGRAD=" + code(ktbe::OptimType::kExactRowwiseAdagrad) +
-           ",ADAM=" + code(ktbe::OptimType::kAdam) + ",EXACT_ADAGRAD=" + code(ktbe::OptimType::kExactAdagrad);
+           ",ADAM=" + code(ktbe::OptimType::kAdam) + ",EXACT_ADAGRAD=" + code(ktbe::OptimType::kExactAdagrad) +
+           ",PARTIAL_ROWWISE_ADAM=" + code(ktbe::OptimType::kPartialRowwiseAdam) +
+           ",LARS_SGD=" + code(ktbe::OptimType::kLarsSgd) + ",LAMB=" + code(ktbe::OptimType::kLamb);
   if (name == "WeightDecayMode")
     return "NONE=" + code(ktbe::WeightDecayMode::kNone) + ",L2=" + code(ktbe::WeightDecayMode::kL2) +
            ",DECOUPLED=" + code(ktbe::WeightDecayMode::kDecoupled);
