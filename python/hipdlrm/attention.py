@@ -8,8 +8,8 @@
                                    contextual_seq_len, rab, rab_requires_grad)
         -> (grad_q, grad_k, grad_v, grad_rab or None)
 
-Registered here: the fake (meta) kernels used by torch.compile and the autograd formula of the forward
-op, so ``hstu_mha_fwd`` itself is differentiable. See docs/attention.md for the contract and the mask.
+Registered here: the fake (meta) kernels used by torch.compile; the autograd formula of the forward op,
+which makes ``hstu_mha_fwd`` itself differentiable, is registered in C++. See docs/attention.md for the contract and the mask.
 """
 from __future__ import annotations
 
@@ -23,9 +23,6 @@ import torch
 _FORWARD = "hipdlrm::hstu_mha_fwd"
 _BACKWARD = "hipdlrm::hstu_mha_bwd"
 
-# Position of each argument of hstu_mha_fwd (as setup_context and needs_input_grad see them).
-_Q, _K, _V, _SCALE_PER_TOKEN, _RAB = 2, 3, 4, 9, 12
-_NUM_INPUTS = 13
 
 
 # ---- scalar arguments of the attention wrappers (hstu_mha, gdpa) -------------------------------------------
@@ -49,6 +46,8 @@ def _describe(value: Any) -> str:
 
 
 def _int_arg(fn: str, name: str, value: Any, optional: bool = False) -> Optional[int]:
+    if type(value) is int:  # the common case first: these checks run on every call
+        return value
     if value is None and optional:
         return None
     if not _is_bool(value):
@@ -61,6 +60,8 @@ def _int_arg(fn: str, name: str, value: Any, optional: bool = False) -> Optional
 
 
 def _float_arg(fn: str, name: str, value: Any) -> float:
+    if type(value) is float and math.isfinite(value):
+        return value
     is_number = isinstance(value, numbers.Real) or (isinstance(value, torch.Tensor) and value.dim() == 0
                                                    and not value.is_complex())
     if value is None or _is_bool(value) or not is_number:
@@ -72,6 +73,8 @@ def _float_arg(fn: str, name: str, value: Any) -> float:
 
 
 def _bool_arg(fn: str, name: str, value: Any) -> bool:
+    if value is True or value is False:
+        return value
     if not _is_bool(value) or (isinstance(value, torch.Tensor) and value.dim() != 0):
         raise TypeError(f"{fn}: {name} must be a bool, got {_describe(value)}")
     return bool(value)
@@ -93,30 +96,8 @@ def _backward_fake(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, n
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_rab
 
 
-def _setup_forward(ctx, inputs, output) -> None:
-    (max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale, attn_scale_per_token,
-     max_attn_len, contextual_seq_len, rab) = inputs
-    if ctx.needs_input_grad[_SCALE_PER_TOKEN]:
-        raise ValueError("hstu_mha: attn_scale_per_token is not differentiable; pass a tensor that does not "
-                         "require grad (e.g. attn_scale.detach())")
-    ctx.save_for_backward(q, k, v, seq_offsets, num_targets, attn_scale_per_token, rab)
-    ctx.options = (max_seq_len, alpha, causal, attn_scale, max_attn_len, contextual_seq_len)
-    ctx.rab_requires_grad = rab is not None and ctx.needs_input_grad[_RAB]
-
-
-def _forward_backward(ctx, grad_out):
-    """grad_q, grad_k, grad_v (and grad_rab) from hstu_mha_bwd, which recomputes the attention."""
-    q, k, v, seq_offsets, num_targets, attn_scale_per_token, rab = ctx.saved_tensors
-    max_seq_len, alpha, causal, attn_scale, max_attn_len, contextual_seq_len = ctx.options
-    grad_q, grad_k, grad_v, grad_rab = torch.ops.hipdlrm.hstu_mha_bwd(
-        max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-        attn_scale_per_token, max_attn_len, contextual_seq_len, rab, ctx.rab_requires_grad)
-    grads = [None] * _NUM_INPUTS
-    grads[_Q], grads[_K], grads[_V], grads[_RAB] = grad_q, grad_k, grad_v, grad_rab
-    return tuple(grads)
-
-
-torch.library.register_autograd(_FORWARD, _forward_backward, setup_context=_setup_forward)
+# The autograd formula is registered in C++ (csrc/ops/attention/attention_autograd.cpp): a Python autograd
+# kernel sat on every call's critical path.
 
 
 def hstu_mha(

@@ -6,8 +6,8 @@
                                max_seq_len_kv, activation, qk_scale, window_size, broadcast_q)
         -> (grad_query, grad_key, grad_value)
 
-Registered here: the fake (meta) kernels used by torch.compile and the autograd formula of the forward
-op, so ``gdpa_fwd`` itself is differentiable. See docs/attention.md (GDPA) for the contract.
+Registered here: the fake (meta) kernels used by torch.compile; the autograd formula of the forward op,
+which makes ``gdpa_fwd`` itself differentiable, is registered in C++. See docs/attention.md (GDPA) for the contract.
 """
 from __future__ import annotations
 
@@ -23,9 +23,6 @@ _BACKWARD = "hipdlrm::gdpa_bwd"
 #: The activations ``gdpa`` accepts, by name.
 GDPA_ACTIVATIONS = ("raw", "relu", "gelu", "fast_gelu", "silu")
 
-# Position of each differentiable argument of gdpa_fwd (as needs_input_grad sees them).
-_QUERY, _KEY, _VALUE = 0, 1, 2
-_NUM_INPUTS = 11
 
 
 def _output_rows(query: torch.Tensor, key_offset: torch.Tensor, broadcast_q: bool):
@@ -47,24 +44,7 @@ def _backward_fake(grad_out, query, key, value, query_offset, key_offset, max_se
     return query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape)
 
 
-def _setup_forward(ctx, inputs, output) -> None:
-    (query, key, value, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation, qk_scale,
-     window_size, broadcast_q) = inputs
-    ctx.save_for_backward(query, key, value, query_offset, key_offset)
-    ctx.options = (max_seq_len_q, max_seq_len_kv, activation, qk_scale, window_size, broadcast_q)
-
-
-def _forward_backward(ctx, grad_out):
-    """grad_query, grad_key, grad_value from gdpa_bwd, which recomputes the attention."""
-    query, key, value, query_offset, key_offset = ctx.saved_tensors
-    grad_q, grad_k, grad_v = torch.ops.hipdlrm.gdpa_bwd(grad_out, query, key, value, query_offset, key_offset,
-                                                        *ctx.options)
-    grads = [None] * _NUM_INPUTS
-    grads[_QUERY], grads[_KEY], grads[_VALUE] = grad_q, grad_k, grad_v
-    return tuple(grads)
-
-
-torch.library.register_autograd(_FORWARD, _forward_backward, setup_context=_setup_forward)
+# The autograd formula is registered in C++ (csrc/ops/attention/attention_autograd.cpp).
 
 
 def gdpa(

@@ -542,9 +542,8 @@ def test_no_plot_and_no_progress_need_neither_package(tmp_path, monkeypatch, cap
 
 def test_cuda_graph_flag_rules(capsys):
     assert "--cuda-graph applies to GPU runs only" in _error_of(DLRM_FLAGS + ["--cuda-graph"], capsys)
-    if HAS_GPU:
-        hstu = ["--model", "hstu", "--device", "cuda", "--cuda-graph"]
-        assert "--cuda-graph applies to --model dlrm" in _error_of(hstu, capsys)
+    assert "--graph-buckets applies to --cuda-graph with --model hstu" in \
+        _error_of(DLRM_FLAGS + ["--graph-buckets", "4"], capsys)
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (torch.cuda.is_available() is False)")
@@ -566,4 +565,106 @@ def test_gpu_cuda_graph_training_matches_eager(monkeypatch):
     torch.testing.assert_close(torch.tensor(graph.history.loss), torch.tensor(eager.history.loss), rtol=1e-5, atol=1e-6)
     for key, value in eager.checkpoint_state["model"].items():
         torch.testing.assert_close(graph.checkpoint_state["model"][key], value, rtol=1e-5, atol=1e-6, msg=key)
+    hipdlrm.synchronize()
+
+
+@requires_hstu
+def test_hstu_buckets_pad_to_fixed_shapes_and_train_as_the_batch():
+    """--cuda-graph's HSTU padding (HstuBuckets): every batch of a bucket has the same tensor shapes, the
+    padded batch keeps its users' rows (examples and tokens counted without the padding), and one
+    training step on it gives the loss and weights of the same step on the unpadded batch (the padding
+    feeds no loss and gets zero gradients; only the rounding of reductions over more rows differs)."""
+    args = T.parse_args(HSTU_FLAGS + ["--steps", "1"])
+    data = T.make_data(args, CPU)
+    buckets = data_mod.HstuBuckets(data, 3, pad_len=8)
+    shapes, padded_some = {}, False
+    for step in range(6):
+        batch = data.batch(step)
+        key, padded = buckets.pad(batch)
+        assert padded.src_rows.numel() == buckets.capacity(key) >= batch.src_rows.numel()
+        assert padded.num_examples == batch.num_examples and padded.num_tokens == batch.num_tokens
+        assert int(padded.seq_offsets[-1]) == padded.src_rows.numel() == padded.indices.numel()
+        assert int((padded.seq_offsets.diff()).max()) <= args.max_seq_len
+        shape = {f.name: tuple(getattr(padded, f.name).shape) for f in T.fields(padded)
+                 if isinstance(getattr(padded, f.name), torch.Tensor)}
+        assert shapes.setdefault(key, shape) == shape
+        padded_some |= padded.padding > 0
+        results = []
+        for b in (batch, padded):
+            model = T.make_model(args, "hipdlrm", CPU)
+            dense_opt, sparse_opt = T.make_optimizers(args, model)
+            loss = T.train_step(model, b, dense_opt, sparse_opt)
+            results.append((loss.detach(), model.state_dict()))
+        (loss, state), (padded_loss, padded_state) = results
+        torch.testing.assert_close(padded_loss, loss, rtol=1e-5, atol=1e-6)
+        for name, value in state.items():
+            torch.testing.assert_close(padded_state[name], value, rtol=1e-5, atol=1e-6, msg=name)
+    assert padded_some
+
+
+def _graphed_vs_eager(monkeypatch, flags):
+    """(eager run, graphed run) of the example on the GPU, both through GraphedStep's batch preparation
+    (the eager one never leaves its warm-up) and Adam's capturable form: the same arithmetic."""
+    device = torch.device("cuda")
+    make_optimizers = T.make_optimizers
+    monkeypatch.setattr(T, "make_optimizers", lambda args, model, capturable=False: make_optimizers(args, model, True))
+    graphed_step = T.GraphedStep
+    runs = {}
+    for name, warmup in (("eager", 10**9), ("graph", 3)):
+        monkeypatch.setattr(T, "GraphedStep", lambda *a, **kw: graphed_step(*a, warmup=warmup, **kw))
+        args = T.parse_args(flags + ["--cuda-graph", "--save", "unused"])
+        runs[name] = T.train_backend(args, "hipdlrm", device, T.make_data(args, device), None, 0)
+    hipdlrm.synchronize()
+    return runs["eager"], runs["graph"]
+
+
+@requires_hstu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (torch.cuda.is_available() is False)")
+def test_gpu_cuda_graph_hstu_training_matches_eager(monkeypatch):
+    """--cuda-graph with --model hstu: bounds check, TBE forward and fused backward, grouped index select,
+    HSTU attention forward and backward and the dense layers, captured once per token bucket and
+    replayed, train as the same padded steps run eagerly. The batches fall in several buckets (several
+    graphs sharing one memory pool). The attention and scatter backward passes add with atomics, so the
+    comparison allows their reordering's rounding."""
+    flags = ["--device", "cuda", "--model", "hstu", "--steps", "16", "--graph-buckets", "3"]
+    args = T.parse_args(flags)
+    data = T.make_data(args, torch.device("cuda"))
+    buckets = data_mod.HstuBuckets(data, args.graph_buckets)
+    assert len({buckets.pad(data.batch(s))[0] for s in range(3, 16)}) >= 2
+    eager, graph = _graphed_vs_eager(monkeypatch, flags)
+    assert len(graph.history.loss) == 16
+    torch.testing.assert_close(torch.tensor(graph.history.loss), torch.tensor(eager.history.loss), rtol=1e-3, atol=1e-4)
+    for key, value in eager.checkpoint_state["model"].items():
+        torch.testing.assert_close(graph.checkpoint_state["model"][key], value, rtol=1e-3, atol=1e-4, msg=key)
+
+
+@requires_hstu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("model", ["dlrm", "hstu"])
+def test_gpu_training_step_has_no_host_sync(model):
+    """The example's whole training step, eager and replayed from its CUDA graph, for both models (every
+    hipdlrm op: bounds check, TBE forward and fused backward; HSTU adds grouped index select and the
+    attention forward and backward) makes no host synchronisation: torch.cuda.set_sync_debug_mode
+    ("error") raises on any. The batches are generated before (the data generator reads sizes on the host)."""
+    device = torch.device("cuda")
+    flags = ["--device", "cuda", "--model", model] + (["--batch-size", "64", "--rows-scale", "0.0001"]
+                                                      if model == "dlrm" else [])
+    args = T.parse_args(flags + ["--cuda-graph"])
+    data = T.make_data(args, device)
+    batches = [data.batch(s) for s in range(8)]
+    prepare = data_mod.HstuBuckets(data, 1).pad if model == "hstu" else None
+    for graphed in (False, True):
+        net = T.make_model(args, "hipdlrm", device)
+        dense_opt, sparse_opt = T.make_optimizers(args, net, capturable=graphed)
+        step = T.GraphedStep(net, dense_opt, sparse_opt, False, prepare=prepare) if graphed else \
+            (lambda b: T.train_step(net, b, dense_opt, sparse_opt))
+        for b in batches[:4]:  # warm-up (and, graphed, the capture, which synchronises by design)
+            step(b)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            losses = [step(b) for b in batches[4:]]
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert all(math.isfinite(float(v)) for v in losses)
     hipdlrm.synchronize()

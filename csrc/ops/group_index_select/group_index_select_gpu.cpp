@@ -10,10 +10,12 @@
 // indices are, so the call can be captured in a CUDA graph.
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
+#include <c10/core/TensorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,11 +52,21 @@ kgis::LaunchConfig launch_config(const at::Device& device, const char* op) {
 }
 
 // Host descriptors -> device, through pinned memory, on the current stream (groups too large to pass
-// by value, and the backward).
-at::Tensor upload(const kgis::Plan& plan, const at::Device& device) {
+// by value, and the backward). A copy captured in a CUDA graph reads the pinned buffer again at every
+// replay, for as long as the graph lives, which the op cannot know: a captured call's buffer is kept for
+// the life of the process (descriptor_bytes(plan), a few dozen bytes per member, once per capture).
+at::Tensor upload(const kgis::Plan& plan, const at::Device& device, gpu::stream_t stream, const char* op) {
   const auto bytes = static_cast<std::int64_t>(kgis::descriptor_bytes(plan));
   at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
   kgis::write_descriptors(plan, host.data_ptr());
+  bool capturing = false;
+  check_status(gpu::stream_is_capturing(stream, &capturing), op, "querying graph capture");
+  if (capturing) {
+    static std::mutex mu;
+    static auto* kept = new std::vector<at::Tensor>();
+    const std::lock_guard<std::mutex> lock(mu);
+    kept->push_back(host);
+  }
   return host.to(device, /*non_blocking=*/true);
 }
 
@@ -66,11 +78,35 @@ std::string format_error(const common::DeviceError& e) {
 const bool kFormatterRegistered =
     (common::register_error_formatter(common::ErrorOp::kGroupIndexSelect, &format_error), true);
 
-// An uninitialised contiguous tensor of `sizes` shaped like `like` (dtype, device): the tensor at::empty
-// builds, from the same caching allocator, without the dispatcher round trip, which a call would
-// otherwise pay once per member.
-at::Tensor empty_like_with(at::IntArrayRef sizes, const at::Tensor& like) {
-  return at::detail::empty_cuda(sizes, like.scalar_type(), like.device(), c10::nullopt);
+// Uninitialised contiguous tensors of `shapes`, dtype and device of `like`, carved from one allocation: one
+// call into the caching allocator for the whole group instead of one per member, and tensors built
+// directly rather than through the dispatcher. Each member starts on a kMemberAlign-byte boundary (the
+// allocator's own blocks are 512-byte aligned), so the kernels choose the vector widths they would for
+// separate allocations; the members never overlap. The memory goes back to the allocator when the last
+// member is freed (docs/group_index_select.md, "Per-call cost").
+constexpr std::int64_t kMemberAlign = 256;
+
+std::vector<at::Tensor> empty_group(const std::vector<std::vector<std::int64_t>>& shapes, const at::Tensor& like) {
+  const std::int64_t elem = like.element_size();
+  std::vector<std::int64_t> starts;  // in elements
+  starts.reserve(shapes.size());
+  std::int64_t bytes = 0;
+  for (const auto& shape : shapes) {
+    starts.push_back(bytes / elem);
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    bytes += (n * elem + kMemberAlign - 1) / kMemberAlign * kMemberAlign;
+  }
+  const at::Tensor buffer = at::detail::empty_cuda({bytes / elem}, like.scalar_type(), like.device(), c10::nullopt);
+  std::vector<at::Tensor> out;
+  out.reserve(shapes.size());
+  for (std::size_t k = 0; k < shapes.size(); ++k) {
+    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(), buffer.dtype());
+    impl->set_storage_offset(starts[k]);
+    impl->set_sizes_contiguous(shapes[k]);
+    out.emplace_back(std::move(impl));
+  }
+  return out;
 }
 
 std::vector<kgis::MemberArgs> member_args(const std::vector<at::Tensor>& src, const std::vector<at::Tensor>& dst,
@@ -100,15 +136,15 @@ std::vector<at::Tensor> forward_gpu_impl(at::TensorList input_group, at::TensorL
 
   const std::vector<at::Tensor> inputs = contiguous_all(input_group);
   const std::vector<at::Tensor> indices = contiguous_all(indices_group);
-  std::vector<at::Tensor> outputs;
-  outputs.reserve(inputs.size());
-  for (std::size_t k = 0; k < inputs.size(); ++k)
-    outputs.push_back(empty_like_with(with_rows(inputs[k], indices[k].numel()), inputs[k]));
+  std::vector<std::vector<std::int64_t>> shapes;
+  shapes.reserve(inputs.size());
+  for (std::size_t k = 0; k < inputs.size(); ++k) shapes.push_back(with_rows(inputs[k], indices[k].numel()));
+  std::vector<at::Tensor> outputs = empty_group(shapes, inputs[0]);
 
   const kgis::Plan plan = kgis::make_plan(member_args(inputs, outputs, indices, layout), kernel_dtype(layout.dtype),
                                           kgis::Pass::kForward, cfg.wave_size, static_cast<int>(group_width));
   at::Tensor table;
-  if (!kgis::fits_inline(plan)) table = upload(plan, layout.device);
+  if (!kgis::fits_inline(plan)) table = upload(plan, layout.device, stream, op);
   const auto* members = table.defined() ? static_cast<const kgis::Member*>(table.data_ptr()) : nullptr;
   check_status(kgis::launch_forward(plan, members, kgis::Validation{sink, kgis::kForwardIndices}, cfg, stream), op,
                "gather launch");
@@ -140,20 +176,17 @@ std::vector<at::Tensor> backward_gpu(at::TensorList grad_output_group, at::Tenso
 
   const std::vector<at::Tensor> grads = contiguous_all(grad_output_group);
   const std::vector<at::Tensor> indices = contiguous_all(indices_group);
-  std::vector<at::Tensor> grad_inputs;
-  grad_inputs.reserve(grads.size());
-  for (std::size_t k = 0; k < grads.size(); ++k) {
-    at::Tensor g = empty_like_with(with_rows(grads[k], layout.rows[k]), grads[k]);
-    // The zero-fill kernel stores 16 bytes at a time from the start of each allocation.
-    TORCH_INTERNAL_ASSERT(reinterpret_cast<std::uintptr_t>(g.data_ptr()) % 16 == 0);
-    grad_inputs.push_back(std::move(g));
-  }
+  std::vector<std::vector<std::int64_t>> shapes;
+  shapes.reserve(grads.size());
+  for (std::size_t k = 0; k < grads.size(); ++k) shapes.push_back(with_rows(grads[k], layout.rows[k]));
+  // The zero-fill kernel stores 16 bytes at a time from the start of each member (kMemberAlign-aligned).
+  std::vector<at::Tensor> grad_inputs = empty_group(shapes, grads[0]);
 
   const kgis::Pass pass = deterministic ? kgis::Pass::kDeterministic : kgis::Pass::kScatter;
   const kgis::DType dtype = kernel_dtype(layout.dtype);
   const kgis::Plan plan = kgis::make_plan(member_args(grads, grad_inputs, indices, layout), dtype, pass,
                                           cfg.wave_size, 0);
-  const at::Tensor table = upload(plan, layout.device);
+  const at::Tensor table = upload(plan, layout.device, stream, op);
   const auto* members = static_cast<const kgis::Member*>(table.data_ptr());
   if (check_indices) {
     check_status(kgis::launch_validate(members, plan, kgis::Validation{sink, kgis::kBackwardIndices}, cfg, stream), op,

@@ -166,14 +166,84 @@ class HstuBatch:
     cand_rows: torch.Tensor
     labels: torch.Tensor
     max_seq_len: int
+    padding: int = 0  # trailing padding tokens (HstuBuckets.pad), after the B users' sequences
+    users: int = -1   # B; -1: every sequence is a user's (an unpadded batch)
 
     @property
     def num_examples(self) -> int:
-        return self.num_targets.numel()
+        return self.users if self.users >= 0 else self.num_targets.numel()
 
     @property
     def num_tokens(self) -> int:
-        return self.src_rows.numel()
+        """The users' tokens (padding excluded)."""
+        return self.src_rows.numel() - self.padding
+
+
+class HstuBuckets:
+    """Fixed shapes for HSTU batches, which a captured CUDA graph needs (``--cuda-graph``).
+
+    A batch's token count L is rounded up to the capacity of its bucket: ``buckets`` capacities evenly
+    spaced from the fewest tokens a batch can have to the most (``batch_size * max_seq_len``), plus the
+    fewest itself. The tokens in excess become padding: one lookup each (of row 0), gathered into
+    ``pad_sequences`` extra sequences of at most ``pad_len`` tokens, with no targets, placed after the
+    users' sequences (so every user token, candidate and label keeps its row). The padding sequences
+    attend only to themselves, feed no loss and get exactly zero gradients: a padded batch trains the
+    model as the batch does (up to the rounding of reductions over more rows), and the fused optimizer
+    leaves row 0 unchanged by the padding lookups (a zero gradient row is no update for the optimizers
+    without weight decay that the example uses).
+
+    Every padded batch has ``users + pad_sequences`` sequences; its tensors' shapes depend only on its
+    bucket: one graph per bucket replays any batch of that bucket.
+    """
+
+    def __init__(self, data: "HstuData", buckets: int = 8, pad_len: int = 64) -> None:
+        if buckets < 1:
+            raise ValueError(f"buckets must be >= 1, got {buckets}")
+        B, C = data.batch_size, data.num_targets
+        self.fewest = B * (data.min_history + C)
+        most = B * data.max_seq_len
+        self.width = max(1, math.ceil((most - self.fewest) / buckets))
+        self.count = buckets if most > self.fewest else 0
+        self.pad_len = max(1, min(pad_len, data.max_seq_len))
+        self.pad_sequences = math.ceil((self.width - 1) / self.pad_len) if self.count else 0
+
+    def bucket(self, tokens: int) -> int:
+        """The bucket of a batch of ``tokens`` tokens: 0 (exactly the fewest) .. count."""
+        if tokens < self.fewest:
+            raise ValueError(f"a batch of {tokens} tokens is below the fewest ({self.fewest}) its data can have")
+        k = math.ceil((tokens - self.fewest) / self.width)
+        if k > self.count:
+            raise ValueError(f"a batch of {tokens} tokens exceeds the largest bucket "
+                             f"({self.fewest + self.count * self.width} tokens)")
+        return k
+
+    def capacity(self, bucket: int) -> int:
+        return self.fewest + bucket * self.width
+
+    def pad(self, batch: HstuBatch) -> tuple:
+        """(bucket, the batch padded to the bucket's capacity)."""
+        L = batch.src_rows.numel()
+        k = self.bucket(L)
+        P = self.capacity(k) - L
+        B = batch.num_targets.numel()
+        dev = batch.indices.device
+        i64 = dict(dtype=torch.int64, device=dev)
+        # pad_len tokens per padding sequence, the rest in the last one used, the others empty; built on
+        # the device from shapes only (no copy from the host, no sync)
+        ends = (torch.arange(1, self.pad_sequences + 1, **i64) * self.pad_len).clamp_(max=P)
+        pad_offsets = ends + batch.seq_offsets[-1]
+        pad_tokens = torch.arange(P, **i64)
+        padded = HstuBatch(
+            indices=torch.cat([batch.indices, torch.zeros(P, **i64)]),
+            offsets=torch.cat([batch.offsets[:-1], batch.offsets[-1:] + P]),
+            seq_offsets=torch.cat([batch.seq_offsets, pad_offsets]),
+            num_targets=torch.cat([batch.num_targets, torch.zeros(self.pad_sequences, **i64)]),
+            src_rows=torch.cat([batch.src_rows, L + pad_tokens]),
+            positions=torch.cat([batch.positions, pad_tokens % self.pad_len]),
+            token_user=torch.cat([batch.token_user, B + pad_tokens // self.pad_len]),
+            target_rows=batch.target_rows, cand_rows=batch.cand_rows, labels=batch.labels,
+            max_seq_len=batch.max_seq_len, padding=P, users=B)
+        return k, padded
 
 
 class HstuData:

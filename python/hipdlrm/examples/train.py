@@ -25,9 +25,9 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -159,9 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bounds-check", choices=("fatal", "warning", "ignore"), default="warning",
                    help="TableBatchedEmbedding's bounds-check mode")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="DLRM on a GPU: run the first 3 hipdlrm steps eagerly, then capture one training step "
-                        "(bounds check, TBE forward and fused-optimizer backward, MLPs, Adam) in a CUDA graph "
-                        "and replay it for every later step (the baseline, if any, stays eager)")
+                   help="GPU runs: run the first 3 hipdlrm steps eagerly, then capture the whole training step "
+                        "(bounds check, TBE forward and fused-optimizer backward, grouped index select, attention, "
+                        "dense layers, Adam) in a CUDA graph and replay it for every later step. DLRM: one graph; "
+                        "HSTU: one per token bucket (--graph-buckets), each batch padded to its bucket "
+                        "(the baseline, if any, stays eager)")
+    p.add_argument("--graph-buckets", type=_positive_int, default=None,
+                   help="--cuda-graph with --model hstu: token-count buckets between the fewest and the most "
+                        "tokens a batch can have; a batch is padded to its bucket's capacity (at most "
+                        "1/N of that range) and replays that bucket's graph [default: 8]")
     p.add_argument("--warmup-steps", type=_nonnegative_int, default=5,
                    help="first steps of a run left out of the throughput")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -253,12 +259,13 @@ def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
         args.attn_dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.tf32 and device.type != "cuda":
         parser.error("--tf32 applies to GPU runs only")
+    if args.graph_buckets is not None and not (args.cuda_graph and args.model == "hstu"):
+        parser.error("--graph-buckets applies to --cuda-graph with --model hstu")
+    if args.graph_buckets is None:
+        args.graph_buckets = 8
     if args.cuda_graph:
         if device.type != "cuda":
             parser.error("--cuda-graph applies to GPU runs only")
-        if args.model != "dlrm":
-            parser.error("--cuda-graph applies to --model dlrm: an HSTU batch's jagged lengths change its "
-                         "tensors' shapes every step, which one captured graph cannot replay")
         if args.distributed is not None:
             parser.error("--cuda-graph does not combine with --distributed (TorchRec's input all-to-all "
                          "reads the batch's lengths on the host)")
@@ -463,19 +470,28 @@ def make_optimizers(args: argparse.Namespace, model: torch.nn.Module, capturable
 
 
 class GraphedStep:
-    """--cuda-graph: train_step through one CUDA graph. The first ``warmup`` calls run eagerly on a side
+    """--cuda-graph: train_step through CUDA graphs. The first ``warmup`` calls run eagerly on a side
     stream (they are real training steps; the warm-up is what capture needs: lazy allocations, library
-    handles, hipdlrm's error record); the next call captures one step on static copies of its batch and
-    replays it, and every later call copies its batch into those copies and replays. Returns a copy of the
-    step's loss. Needs fixed batch shapes and an optimizer that keeps its state on the device."""
+    handles, hipdlrm's error record). After that, every batch is brought to fixed shapes by ``prepare``
+    (batch -> (key, batch); the identity for DLRM, whose batches never change shape; HstuBuckets.pad for
+    HSTU), the first batch of each key captures one step on static copies of its tensors, and every batch
+    is copied into its key's copies and replayed. The graphs share one memory pool: only the tensors a
+    step leaves behind (its loss, the gradients) live in it between replays, and each is rewritten by the
+    graph that reads it. Returns a copy of the step's loss. Needs an optimizer that keeps its state on the
+    device."""
 
     def __init__(self, model: torch.nn.Module, dense_opt: torch.optim.Optimizer,
-                 sparse_opt: Optional[torch.optim.Optimizer], amp: bool, warmup: int = 3) -> None:
+                 sparse_opt: Optional[torch.optim.Optimizer], amp: bool, warmup: int = 3,
+                 prepare: Optional[Callable[[Any], tuple]] = None) -> None:
         self.model, self.dense_opt, self.sparse_opt, self.amp = model, dense_opt, sparse_opt, amp
         self.warmup = warmup
-        self.graph: Optional[torch.cuda.CUDAGraph] = None
-        self.static = None
-        self.loss: Optional[torch.Tensor] = None
+        self.prepare = prepare or (lambda batch: (None, batch))
+        self.pool = None
+        self.graphs: Dict[Any, tuple] = {}  # key -> (graph, static batch, static loss)
+
+    @staticmethod
+    def _tensors(batch) -> List[str]:
+        return [f.name for f in fields(batch) if isinstance(getattr(batch, f.name), torch.Tensor)]
 
     def __call__(self, batch) -> torch.Tensor:
         if self.warmup > 0:
@@ -483,20 +499,25 @@ class GraphedStep:
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
-                loss = train_step(self.model, batch, self.dense_opt, self.sparse_opt, self.amp)
+                loss = train_step(self.model, self.prepare(batch)[1], self.dense_opt, self.sparse_opt, self.amp)
             torch.cuda.current_stream().wait_stream(side)
             return loss
-        if self.graph is None:
-            self.static = replace(batch, dense=batch.dense.clone(), indices=batch.indices.clone(),
-                                  offsets=batch.offsets.clone(), labels=batch.labels.clone())
-            self.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(self.graph):
-                self.loss = train_step(self.model, self.static, self.dense_opt, self.sparse_opt, self.amp)
+        key, batch = self.prepare(batch)
+        if key not in self.graphs:
+            static = replace(batch, **{name: getattr(batch, name).clone() for name in self._tensors(batch)})
+            graph = torch.cuda.CUDAGraph()
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            with torch.cuda.graph(graph, pool=self.pool):
+                loss = train_step(self.model, static, self.dense_opt, self.sparse_opt, self.amp)
+            self.graphs[key] = (graph, static, loss)
         else:
-            for name in ("dense", "indices", "offsets", "labels"):
-                getattr(self.static, name).copy_(getattr(batch, name))
-        self.graph.replay()
-        return self.loss.detach().clone()
+            graph, static, loss = self.graphs[key]
+            for name in self._tensors(batch):
+                getattr(static, name).copy_(getattr(batch, name))
+        graph, _, loss = self.graphs[key]
+        graph.replay()
+        return loss.detach().clone()
 
 
 def train_backend(args: argparse.Namespace, backend: str, device: torch.device, data,
@@ -516,7 +537,9 @@ def train_backend(args: argparse.Namespace, backend: str, device: torch.device, 
         batch = data.batch(step)
         return reverse_bags(batch, args.bag_sizes) if backend == REORDERED else batch
 
-    wall_s, peak = _train_loop(args, backend, device, model, dense_opt, sparse_opt, next_batch, history, start_step)
+    prepare = data_mod.HstuBuckets(data, args.graph_buckets).pad if args.cuda_graph and args.model == "hstu" else None
+    wall_s, peak = _train_loop(args, backend, device, model, dense_opt, sparse_opt, next_batch, history, start_step,
+                               prepare=prepare)
     state = None
     if args.save is not None:
         state = _to_cpu({"model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(),
@@ -550,17 +573,18 @@ def train_distributed(args: argparse.Namespace, env: dist_mod.DistEnv, data) -> 
 def _train_loop(args: argparse.Namespace, backend: str, device: torch.device, model: torch.nn.Module,
                 dense_opt: torch.optim.Optimizer, sparse_opt: Optional[torch.optim.Optimizer], next_batch,
                 history: History, start_step: int, label: Optional[str] = None, progress: Optional[str] = None,
-                reduce_loss=None, ranks: int = 1) -> tuple:
+                reduce_loss=None, ranks: int = 1, prepare: Optional[Callable[[Any], tuple]] = None) -> tuple:
     """Steps start_step..--steps-1 on ``next_batch(step)``, appending to ``history``; returns (wall seconds,
     peak GPU memory in GB or None). ``reduce_loss`` maps this process's loss to the one recorded
-    (distributed: the global batch's mean); ``ranks``: the processes that share a step's examples equally."""
+    (distributed: the global batch's mean); ``ranks``: the processes that share a step's examples equally;
+    ``prepare``: GraphedStep's (--cuda-graph)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timer = _StepTimer(device)
     bar = progress_mod.Progress(args.steps, label or f"{args.model} {backend}", start=start_step,
                                 mode=progress or args.progress)
     pending_sizes: List[tuple] = []
-    graphed = GraphedStep(model, dense_opt, sparse_opt, args.amp) if args.cuda_graph and \
+    graphed = GraphedStep(model, dense_opt, sparse_opt, args.amp, prepare=prepare) if args.cuda_graph and \
         backend == "hipdlrm" else None
     wall_start = time.perf_counter()
     for step in range(start_step, args.steps):
