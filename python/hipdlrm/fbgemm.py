@@ -550,8 +550,12 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             raise _unsupported("optimizer", fbgemm_optimizer,
                                "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, "
                                "PARTIAL_ROWWISE_ADAM, LARS_SGD, LAMB, NONE" + extra)
-        if gradient_clipping:
-            raise _unsupported("gradient_clipping", gradient_clipping, "False (gradient clipping is not implemented)")
+        # FBGEMM clips the output's gradient for every optimizer but NONE; where it would ignore the flag, it is
+        # rejected.
+        if gradient_clipping and fbgemm_optimizer == EmbOptimType.NONE:
+            raise ValueError("gradient_clipping=True with EmbOptimType.NONE: FBGEMM does not clip NONE's gradient "
+                             "(it would ignore the flag); pass gradient_clipping=False and clip the sparse gradient, "
+                             "or pick a fused optimizer")
         if float(max_norm) > 0.0:
             raise _unsupported("max_norm", max_norm, "0.0 (max-norm row clipping is not implemented)")
         fbgemm_weight_decay_mode = _coerce(WeightDecayMode, weight_decay_mode, "weight_decay_mode")
@@ -632,6 +636,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             stochastic_rounding=bool(stochastic_rounding),
             eta=float(eta),
             momentum=float(momentum),
+            gradient_clipping=bool(gradient_clipping),
+            max_gradient=float(max_gradient),
         )
         self.fbgemm_optimizer: EmbOptimType = fbgemm_optimizer
         self.fbgemm_weight_decay_mode: WeightDecayMode = fbgemm_weight_decay_mode

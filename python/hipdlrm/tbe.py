@@ -27,7 +27,8 @@ training step has no synchronisation); with ``OptimType.NONE``
         -> (element_indices, values, grad_per_sample_weights)
 
 gives ``weights.grad`` a sparse COO gradient for an external optimizer. The module builds these argument
-lists in one place each (``_lookup_metadata``, ``_optimizer_arguments``).
+lists in one place each (``_lookup_metadata``, ``_optimizer_arguments``). With ``gradient_clipping`` the
+module clamps ``grad_output`` to ``[-max_gradient, max_gradient]`` before either op (FBGEMM's clipping).
 """
 from __future__ import annotations
 
@@ -192,6 +193,10 @@ class TBELookupFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         module = ctx.module
         indices, offsets, per_sample_weights = ctx.saved_tensors
+        if module.gradient_clipping:
+            # FBGEMM's clipping: each element of the output's gradient, before the backward (so the per-sample
+            # weights' gradient is the clipped one's too).
+            grad_output = grad_output.clamp(-module.max_gradient, module.max_gradient)
         grad_output = grad_output.contiguous()
         lookup = (indices, offsets, int(module.pooling_mode), per_sample_weights)
         grad_weights = None
@@ -259,6 +264,9 @@ class TableBatchedEmbedding(nn.Module):
             (beta1/beta2: the Adams only; eps: the Adagrads and the Adams; LARS_SGD's weight decay is its
             own, in the trust ratio too, with weight_decay_mode L2).
         eta, momentum: LARS_SGD's trust coefficient (> 0) and momentum (in [0, 1)); FBGEMM's defaults.
+        gradient_clipping, max_gradient: with ``gradient_clipping``, the gradient of the lookup's output is
+            clamped element by element to ``[-max_gradient, max_gradient]`` (``max_gradient > 0``) before
+            the backward, as FBGEMM clips it.
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
 
@@ -292,6 +300,8 @@ class TableBatchedEmbedding(nn.Module):
         stochastic_rounding: bool = True,
         eta: float = 0.001,
         momentum: float = 0.9,
+        gradient_clipping: bool = False,
+        max_gradient: float = 1.0,
     ) -> None:
         super().__init__()
         specs = self._validate_specs(embedding_specs)
@@ -356,7 +366,7 @@ class TableBatchedEmbedding(nn.Module):
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
         self._init_optimizer(optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                             stochastic_rounding, eta, momentum)
+                             stochastic_rounding, eta, momentum, gradient_clipping, max_gradient)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -376,7 +386,7 @@ class TableBatchedEmbedding(nn.Module):
         return specs
 
     def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                        stochastic_rounding, eta, momentum) -> None:
+                        stochastic_rounding, eta, momentum, gradient_clipping, max_gradient) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
         ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
         weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; partial row-wise Adam:
@@ -391,6 +401,10 @@ class TableBatchedEmbedding(nn.Module):
         self.stochastic_rounding = bool(stochastic_rounding)
         self.eta = _finite(eta, "eta")
         self.momentum = _finite(momentum, "momentum")
+        self.gradient_clipping = bool(gradient_clipping)
+        self.max_gradient = _finite(max_gradient, "max_gradient")
+        if self.gradient_clipping and self.max_gradient <= 0:
+            raise ValueError(f"max_gradient must be > 0 with gradient_clipping, got {max_gradient}")
         if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD) + _ADAMS and self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
         if self.optimizer in _ADAMS and not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):

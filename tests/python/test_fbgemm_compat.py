@@ -212,7 +212,6 @@ REJECTED = [
     ("weights_precision", hf.SparseType.INT8, "FP16"),
     ("weights_precision", hf.SparseType.FP8, "BF16"),
     ("output_dtype", hf.SparseType.INT8, "FP32"),
-    ("gradient_clipping", True, "False"),
     ("max_norm", 1.0, "0.0"),
     ("weight_decay_mode", hf.WeightDecayMode.COUNTER, "DECOUPLE"),
     ("weight_decay_mode", hf.WeightDecayMode.COWCLIP, "L2"),
@@ -357,8 +356,10 @@ class Reference:
     row by autograd, then the exact optimizer step on the rows the batch looked up (FBGEMM's GPU formulas)."""
 
     def __init__(self, tables, feature_table_map, pooling, optimizer, lr, eps=1e-8, weight_decay=0.0,
-                 weight_decay_mode=0, beta1=0.9, beta2=0.999, eta=0.001, momentum=0.9, weights_dtype=torch.float32):
+                 weight_decay_mode=0, beta1=0.9, beta2=0.999, eta=0.001, momentum=0.9, weights_dtype=torch.float32,
+                 max_gradient=None):
         self.tables = [t.detach().double().clone() for t in tables]
+        self.max_gradient = max_gradient
         self.ftm, self.pooling, self.opt = list(feature_table_map), int(pooling), optimizer
         self.lr, self.eps, self.wd, self.mode = lr, eps, weight_decay, int(weight_decay_mode)
         self.beta1, self.beta2, self.dtype, self.step = beta1, beta2, weights_dtype, 0
@@ -389,6 +390,8 @@ class Reference:
     def train_step(self, indices, offsets, psw, grad_out, batch_sizes=None):
         tables = [t.clone().requires_grad_() for t in self.tables]
         psw64 = None if psw is None else psw.detach().double().requires_grad_()
+        if self.max_gradient is not None:  # FBGEMM's gradient_clipping: the output's gradient, element by element
+            grad_out = grad_out.clamp(-self.max_gradient, self.max_gradient)
         if batch_sizes is None:
             out = self.forward(tables, indices, offsets, psw64)
         else:
@@ -720,6 +723,63 @@ def test_lars_matches_the_formula(weights_dtype, layout, pooling, weighted):
     opt = hf.EmbOptimType.LARS_SGD
     _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, eta=0.5, momentum=0.7),
                        specs, ftm, pooling, weighted, opt, weights_dtype, learning_rate=0.05, eta=0.5, momentum=0.7)
+
+
+# ---- gradient clipping --------------------------------------------------------------------------------------
+# FBGEMM clamps the output's gradient (gradient_clipping, max_gradient) before the backward of every optimizer
+# but NONE, on the CPU too.
+
+CLIP_CASES = [(o, layout, w) for o in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                       hf.EmbOptimType.EXACT_ADAGRAD)
+              for layout in LAYOUTS for w in (False, True)]
+
+
+@pytest.mark.parametrize("optimizer, layout, weighted", CLIP_CASES,
+                         ids=[f"{o.name}-{layout}-{'weighted' if w else 'unweighted'}" for o, layout, w in CLIP_CASES])
+def test_gradient_clipping_matches_fbgemm_cpu(optimizer, layout, weighted):
+    specs, ftm = LAYOUTS[layout]
+    kwargs = dict(learning_rate=0.1, gradient_clipping=True, max_gradient=0.4)
+    if FBGEMM is None or _fbgemm_cpu_is_wrong(optimizer, layout, hf.PoolingMode.SUM, weighted, hf.WeightDecayMode.NONE):
+        def make(tbe):
+            return ReferenceOracle(tbe, optimizer, hf.PoolingMode.SUM, torch.float32, max_gradient=0.4)
+    else:
+        def make(tbe):
+            return FbgemmOracle(tbe, specs, ftm, optimizer, hf.PoolingMode.SUM, torch.float32, **kwargs)
+    _train_and_compare(make, specs, ftm, hf.PoolingMode.SUM, weighted, optimizer, torch.float32, **kwargs)
+
+
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.ADAM, hf.EmbOptimType.LAMB,
+                                       hf.EmbOptimType.LARS_SGD], ids=lambda o: o.name)
+def test_gradient_clipping_matches_the_formula(optimizer):
+    specs, ftm = LAYOUTS["shared_tables"]
+    lars = dict(eta=0.5, momentum=0.7) if optimizer == hf.EmbOptimType.LARS_SGD else {}
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, optimizer, hf.PoolingMode.MEAN, torch.float32, max_gradient=0.4,
+                                                   **lars),
+                       specs, ftm, hf.PoolingMode.MEAN, True, optimizer, torch.float32, learning_rate=0.05,
+                       gradient_clipping=True, max_gradient=0.4, **lars)
+
+
+@needs_fbgemm
+def test_clipped_gradient_differs_from_the_unclipped_one():
+    """Pins that the clipping cases clip: FBGEMM's CPU module with and without gradient_clipping disagree
+    on these batches."""
+    specs, ftm = LAYOUTS["mixed_dims"]
+    runs = []
+    for clipping in (False, True):
+        tbe = _train_and_compare(
+            lambda tbe: FbgemmOracle(tbe, specs, ftm, hf.EmbOptimType.EXACT_SGD, hf.PoolingMode.SUM, torch.float32,
+                                     learning_rate=0.1, gradient_clipping=clipping, max_gradient=0.4),
+            specs, ftm, hf.PoolingMode.SUM, False, hf.EmbOptimType.EXACT_SGD, torch.float32, learning_rate=0.1,
+            gradient_clipping=clipping, max_gradient=0.4)
+        runs.append(torch.cat([t.flatten() for t in tbe.split_embedding_weights()]))
+    assert not torch.allclose(runs[0], runs[1])
+
+
+def test_gradient_clipping_with_none_is_rejected():
+    with pytest.raises(ValueError, match="does not clip NONE"):
+        _make(optimizer=hf.EmbOptimType.NONE, gradient_clipping=True)
+    with pytest.raises(ValueError, match="max_gradient must be > 0"):
+        _make(optimizer=hf.EmbOptimType.EXACT_SGD, gradient_clipping=True, max_gradient=0.0)
 
 
 # ---- variable batch size per feature (VBE) ------------------------------------------------------------------

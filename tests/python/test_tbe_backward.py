@@ -126,10 +126,13 @@ def touched_rows(module, indices, offsets) -> List[torch.Tensor]:
 
 
 class ReferenceTrainer:
-    """Dense fp64 tables trained with plain PyTorch optimizers (or the row-wise optimizers written out)."""
+    """Dense fp64 tables trained with plain PyTorch optimizers (or the row-wise optimizers written out).
+    ``max_gradient``: FBGEMM's gradient clipping (the output's gradient clamped before the backward)."""
 
-    def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE):
+    def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE,
+                 max_gradient=None):
         self.module = module
+        self.max_gradient = max_gradient
         self.optimizer = optimizer
         self.wd, self.wd_mode = weight_decay, weight_decay_mode
         self.tables = [torch.nn.Parameter(w.detach().cpu().double().clone()) for w in module.split_embedding_weights()]
@@ -147,6 +150,8 @@ class ReferenceTrainer:
 
     def step(self, indices, offsets, psw, grad):
         psw_param = None if psw is None else psw.double().clone().requires_grad_(True)
+        if self.max_gradient is not None:
+            grad = grad.clamp(-self.max_gradient, self.max_gradient)
         out = reference_forward(self.tables, self.module, indices, offsets, psw_param)
         (out * grad.double()).sum().backward()
         masks = touched_rows(self.module, indices, offsets)
@@ -311,6 +316,40 @@ def test_lamb_weight_decay(mode):
     for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.v):
         torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", [OptimType.NONE] + OPTIMIZERS, ids=lambda o: o.name)
+def test_gradient_clipping_clamps_the_output_gradient(optimizer):
+    """FBGEMM's gradient_clipping: each element of the output's gradient clamped to [-max_gradient,
+    max_gradient] before the backward (the per-sample weights' gradient too)."""
+    seed = _seed("clip", optimizer)
+    module = case(PoolingMode.SUM, optimizer, seed=seed, gradient_clipping=True, max_gradient=0.3)
+    indices, offsets, psw = make_inputs(module, 6, seed, weighted=True)
+    grad = upstream(module, indices, offsets, seed + 1)
+    if optimizer == OptimType.NONE:
+        plain = case(PoolingMode.SUM, optimizer, seed=seed)
+        clipped_psw = train_step(module, indices, offsets, psw, grad)
+        plain_psw = train_step(plain, indices, offsets, psw, grad.clamp(-0.3, 0.3))
+        torch.testing.assert_close(module.weights.grad.to_dense(), plain.weights.grad.to_dense())
+        torch.testing.assert_close(clipped_psw, plain_psw)
+        return
+    ref = ReferenceTrainer(module, optimizer, max_gradient=0.3)
+    for step in range(2):
+        indices, offsets, psw = make_inputs(module, 6, seed + step, weighted=True)
+        grad = upstream(module, indices, offsets, seed + 10 + step)
+        ours_psw = train_step(module, indices, offsets, psw, grad)
+        ref_psw = ref.step(indices, offsets, psw, grad)
+        torch.testing.assert_close(ours_psw.double(), ref_psw, rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_clipping_arguments():
+    for kwargs, message in ((dict(gradient_clipping=True, max_gradient=0.0), "max_gradient must be > 0"),
+                            (dict(gradient_clipping=True, max_gradient=float("nan")), "max_gradient must be a finite")):
+        with pytest.raises(ValueError, match=message):
+            make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, **kwargs)
+    make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_SGD, max_gradient=-1.0)  # unused: no clipping
 
 
 @pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
@@ -946,6 +985,24 @@ def test_gpu_wide_rows_and_unaligned_tensors(optimizer, weights):
         torch.testing.assert_close(gpu[0].float(), cpu[0].float(), **t)
         for x, y in zip(gpu[1], cpu[1]):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+@requires_gpu
+@pytest.mark.parametrize("optimizer", [OptimType.NONE, OptimType.EXACT_SGD, OptimType.LAMB],
+                         ids=lambda o: o.name)
+def test_gpu_gradient_clipping_matches_cpu(optimizer):
+    seed = _seed("gpu-clip", optimizer)
+    cpu, gpu = gpu_pair(PoolingMode.MEAN, optimizer, torch.float32, seed, gradient_clipping=True, max_gradient=0.3)
+    indices, offsets, psw = make_inputs(cpu, 40, seed, weighted=True)
+    grad = upstream(cpu, indices, offsets, seed + 1)
+    g_cpu = train_step(cpu, indices, offsets, psw, grad)
+    g_gpu = train_step(gpu, indices, offsets, psw, grad, device="cuda")
+    torch.testing.assert_close(g_gpu.cpu(), g_cpu, rtol=1e-5, atol=1e-5)
+    if optimizer == OptimType.NONE:
+        torch.testing.assert_close(gpu.weights.grad.to_dense().cpu(), cpu.weights.grad.to_dense(), rtol=1e-5,
+                                   atol=1e-5)
+    else:
+        torch.testing.assert_close(gpu.weights.detach().cpu(), cpu.weights.detach(), rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------
