@@ -550,14 +550,16 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             raise _unsupported("optimizer", fbgemm_optimizer,
                                "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, "
                                "PARTIAL_ROWWISE_ADAM, LARS_SGD, LAMB, NONE" + extra)
-        # FBGEMM clips the output's gradient for every optimizer but NONE; where it would ignore the flag, it is
-        # rejected.
+        # FBGEMM clips the output's gradient for every optimizer but NONE, and bounds the rows' norms for
+        # (EXACT_)ROWWISE_ADAGRAD only; where it would ignore them, they are rejected.
         if gradient_clipping and fbgemm_optimizer == EmbOptimType.NONE:
             raise ValueError("gradient_clipping=True with EmbOptimType.NONE: FBGEMM does not clip NONE's gradient "
                              "(it would ignore the flag); pass gradient_clipping=False and clip the sparse gradient, "
                              "or pick a fused optimizer")
-        if float(max_norm) > 0.0:
-            raise _unsupported("max_norm", max_norm, "0.0 (max-norm row clipping is not implemented)")
+        if float(max_norm) > 0.0 and fbgemm_optimizer != EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+            raise ValueError(f"max_norm={max_norm} with {fbgemm_optimizer}: FBGEMM bounds the rows' norms for "
+                             "EXACT_ROWWISE_ADAGRAD only (its other optimizers would ignore max_norm); pass "
+                             "max_norm=0.0 or use EmbOptimType.EXACT_ROWWISE_ADAGRAD")
         fbgemm_weight_decay_mode = _coerce(WeightDecayMode, weight_decay_mode, "weight_decay_mode")
         _require_unset("counter_based_regularization", counter_based_regularization,
                        "it goes with WeightDecayMode.COUNTER, which is not implemented")
@@ -636,6 +638,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             stochastic_rounding=bool(stochastic_rounding),
             eta=float(eta),
             momentum=float(momentum),
+            max_norm=float(max_norm),
             gradient_clipping=bool(gradient_clipping),
             max_gradient=float(max_gradient),
         )

@@ -17,7 +17,8 @@ Training: with a fused optimizer, ``loss.backward()`` calls
     torch.ops.hipdlrm.tbe_backward(grad_output, weights, weights_offsets, D_offsets, rows_per_table,
         row_offsets, total_rows, total_D, max_D, indices, offsets, pooling_mode, per_sample_weights,
         optimizer, momentum1, momentum2, learning_rate, eps, beta1, beta2, weight_decay,
-        weight_decay_mode, stochastic_rounding, optimizer_counters) -> grad_per_sample_weights
+        weight_decay_mode, stochastic_rounding, optimizer_counters, eta, momentum, max_norm)
+        -> grad_per_sample_weights
 
 which updates ``weights`` and the states ``momentum1`` / ``momentum2`` in place and adds one to the step in
 ``optimizer_counters`` = [step, seed] (on the device: no host-side counter, so a compiled or captured
@@ -264,6 +265,8 @@ class TableBatchedEmbedding(nn.Module):
             (beta1/beta2: the Adams only; eps: the Adagrads and the Adams; LARS_SGD's weight decay is its
             own, in the trust ratio too, with weight_decay_mode L2).
         eta, momentum: LARS_SGD's trust coefficient (> 0) and momentum (in [0, 1)); FBGEMM's defaults.
+        max_norm: EXACT_ROWWISE_ADAGRAD only (as FBGEMM's): after its update, a looked-up row whose L2 norm
+            exceeds ``max_norm`` is scaled to norm ``max_norm``; 0 (the default) bounds nothing.
         gradient_clipping, max_gradient: with ``gradient_clipping``, the gradient of the lookup's output is
             clamped element by element to ``[-max_gradient, max_gradient]`` (``max_gradient > 0``) before
             the backward, as FBGEMM clips it.
@@ -300,6 +303,7 @@ class TableBatchedEmbedding(nn.Module):
         stochastic_rounding: bool = True,
         eta: float = 0.001,
         momentum: float = 0.9,
+        max_norm: float = 0.0,
         gradient_clipping: bool = False,
         max_gradient: float = 1.0,
     ) -> None:
@@ -366,7 +370,7 @@ class TableBatchedEmbedding(nn.Module):
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
         self._init_optimizer(optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                             stochastic_rounding, eta, momentum, gradient_clipping, max_gradient)
+                             stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -386,7 +390,7 @@ class TableBatchedEmbedding(nn.Module):
         return specs
 
     def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                        stochastic_rounding, eta, momentum, gradient_clipping, max_gradient) -> None:
+                        stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
         ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
         weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; partial row-wise Adam:
@@ -401,8 +405,15 @@ class TableBatchedEmbedding(nn.Module):
         self.stochastic_rounding = bool(stochastic_rounding)
         self.eta = _finite(eta, "eta")
         self.momentum = _finite(momentum, "momentum")
+        self.max_norm = _finite(max_norm, "max_norm")
         self.gradient_clipping = bool(gradient_clipping)
         self.max_gradient = _finite(max_gradient, "max_gradient")
+        if self.max_norm < 0:
+            raise ValueError(f"max_norm must be >= 0 (0: no bound), got {max_norm}")
+        if self.max_norm > 0 and self.optimizer != OptimType.EXACT_ROWWISE_ADAGRAD:
+            name = "None" if self.optimizer is None else f"OptimType.{self.optimizer.name}"
+            raise ValueError(f"max_norm={max_norm} bounds the rows of OptimType.EXACT_ROWWISE_ADAGRAD only (as "
+                             f"FBGEMM's), got optimizer={name}; pass max_norm=0")
         if self.gradient_clipping and self.max_gradient <= 0:
             raise ValueError(f"max_gradient must be > 0 with gradient_clipping, got {max_gradient}")
         if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD) + _ADAMS and self.eps <= 0:
@@ -451,7 +462,7 @@ class TableBatchedEmbedding(nn.Module):
         none = torch.empty(0, dtype=torch.float32, device=self.weights.device)
         return (int(self.optimizer), getattr(self, "momentum1", none), getattr(self, "momentum2", none),
                 self.learning_rate, self.eps, self.beta1, self.beta2, self.weight_decay, int(self.weight_decay_mode),
-                self.stochastic_rounding, self.optimizer_counters, self.eta, self.momentum)
+                self.stochastic_rounding, self.optimizer_counters, self.eta, self.momentum, self.max_norm)
 
     # ---- nn.Module hooks: dtype casts, checkpoints ----
 

@@ -212,7 +212,6 @@ REJECTED = [
     ("weights_precision", hf.SparseType.INT8, "FP16"),
     ("weights_precision", hf.SparseType.FP8, "BF16"),
     ("output_dtype", hf.SparseType.INT8, "FP32"),
-    ("max_norm", 1.0, "0.0"),
     ("weight_decay_mode", hf.WeightDecayMode.COUNTER, "DECOUPLE"),
     ("weight_decay_mode", hf.WeightDecayMode.COWCLIP, "L2"),
     ("weight_decay_mode", hf.WeightDecayMode.DECOUPLE_GLOBAL, "NONE"),
@@ -357,9 +356,9 @@ class Reference:
 
     def __init__(self, tables, feature_table_map, pooling, optimizer, lr, eps=1e-8, weight_decay=0.0,
                  weight_decay_mode=0, beta1=0.9, beta2=0.999, eta=0.001, momentum=0.9, weights_dtype=torch.float32,
-                 max_gradient=None):
+                 max_norm=0.0, max_gradient=None):
         self.tables = [t.detach().double().clone() for t in tables]
-        self.max_gradient = max_gradient
+        self.max_norm, self.max_gradient = max_norm, max_gradient
         self.ftm, self.pooling, self.opt = list(feature_table_map), int(pooling), optimizer
         self.lr, self.eps, self.wd, self.mode = lr, eps, weight_decay, int(weight_decay_mode)
         self.beta1, self.beta2, self.dtype, self.step = beta1, beta2, weights_dtype, 0
@@ -453,7 +452,13 @@ class Reference:
             m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
             v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
             new = w - self.lr * (m_hat / (v_hat.sqrt() + self.eps) + self.wd * w)
-        self.tables[t][r] = new.to(self.dtype).double()  # rounded to the weights' format, to nearest
+        new = new.to(self.dtype).double()  # rounded to the weights' format, to nearest
+        if self.opt == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD and self.max_norm > 0:
+            # FBGEMM's max_norm: the row as stored, scaled to norm max_norm where it exceeds it, rounded again
+            norm = new.norm()
+            if norm > self.max_norm:
+                new = (new * (self.max_norm / norm)).to(self.dtype).double()
+        self.tables[t][r] = new
 
     def states(self):
         if self.opt in (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.EXACT_ADAGRAD,
@@ -725,9 +730,9 @@ def test_lars_matches_the_formula(weights_dtype, layout, pooling, weighted):
                        specs, ftm, pooling, weighted, opt, weights_dtype, learning_rate=0.05, eta=0.5, momentum=0.7)
 
 
-# ---- gradient clipping --------------------------------------------------------------------------------------
+# ---- gradient clipping and max_norm ------------------------------------------------------------------------
 # FBGEMM clamps the output's gradient (gradient_clipping, max_gradient) before the backward of every optimizer
-# but NONE, on the CPU too.
+# but NONE, on the CPU too; it bounds the rows' norms (max_norm) in EXACT_ROWWISE_ADAGRAD's GPU update only.
 
 CLIP_CASES = [(o, layout, w) for o in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
                                        hf.EmbOptimType.EXACT_ADAGRAD)
@@ -775,11 +780,60 @@ def test_clipped_gradient_differs_from_the_unclipped_one():
     assert not torch.allclose(runs[0], runs[1])
 
 
-def test_gradient_clipping_with_none_is_rejected():
-    with pytest.raises(ValueError, match="does not clip NONE"):
-        _make(optimizer=hf.EmbOptimType.NONE, gradient_clipping=True)
-    with pytest.raises(ValueError, match="max_gradient must be > 0"):
-        _make(optimizer=hf.EmbOptimType.EXACT_SGD, gradient_clipping=True, max_gradient=0.0)
+MAX_NORM_CASES = [(dt, layout, p) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
+                  for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN)]
+
+
+@pytest.mark.parametrize("weights_dtype, layout, pooling", MAX_NORM_CASES,
+                         ids=[f"{str(dt)[6:]}-{layout}-{p.name}" for dt, layout, p in MAX_NORM_CASES])
+def test_max_norm_matches_the_formula(weights_dtype, layout, pooling):
+    # FBGEMM's CPU module ignores max_norm (test_fbgemm_cpu_ignores_max_norm): its GPU formula is the reference.
+    # Rows of dim 4 to 12 drawn from [-1, 1) have norms around 1.2 to 2: max_norm=1.1 scales most looked-up rows.
+    specs, ftm = LAYOUTS[layout]
+    opt = hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, max_norm=1.1),
+                       specs, ftm, pooling, True, opt, weights_dtype, learning_rate=0.1, max_norm=1.1)
+
+
+@needs_fbgemm
+def test_fbgemm_cpu_ignores_max_norm():
+    """Pins why max_norm is tested against the formula: FBGEMM's CPU kernel never reads it (its rows keep
+    norms above max_norm)."""
+    specs, ftm = LAYOUTS["mixed_dims"]
+    opt = hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    tbe = _train_and_compare(
+        lambda tbe: FbgemmOracle(tbe, specs, ftm, opt, hf.PoolingMode.SUM, torch.float32, learning_rate=0.1,
+                                 max_norm=0.5),
+        specs, ftm, hf.PoolingMode.SUM, False, opt, torch.float32, learning_rate=0.1)
+    assert max(float(t.norm(dim=1).max()) for t in tbe.split_embedding_weights()) > 0.5
+
+
+def test_max_norm_bounds_the_updated_rows_only():
+    tbe = _make(optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, max_norm=0.5, learning_rate=0.1)
+    for table in tbe.split_embedding_weights():
+        table.fill_(1.0)
+    indices, offsets = torch.tensor([1, 3, 2]), torch.tensor([0, 2, 2, 3, 3])
+    tbe(indices, offsets).backward(torch.randn(2, 12))
+    tables = tbe.split_embedding_weights()
+    norms = [t.norm(dim=1) for t in tables]
+    for t, rows in ((0, (1, 3)), (1, (2,))):
+        for r in range(tables[t].shape[0]):
+            if r in rows:
+                assert abs(float(norms[t][r]) - 0.5) < 1e-5
+            else:
+                assert torch.equal(tables[t][r], torch.ones_like(tables[t][r]))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(optimizer=hf.EmbOptimType.ADAM, max_norm=1.0), "EXACT_ROWWISE_ADAGRAD only"),
+    (dict(optimizer=hf.EmbOptimType.EXACT_SGD, max_norm=0.5), "EXACT_ROWWISE_ADAGRAD only"),
+    (dict(optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, max_norm=-1.0), "max_norm must be >= 0"),
+    (dict(optimizer=hf.EmbOptimType.NONE, gradient_clipping=True), "does not clip NONE"),
+    (dict(optimizer=hf.EmbOptimType.EXACT_SGD, gradient_clipping=True, max_gradient=0.0), "max_gradient must be > 0"),
+], ids=["max_norm-adam", "max_norm-sgd", "max_norm-negative", "clipping-none", "max_gradient-zero"])
+def test_clipping_and_max_norm_where_fbgemm_would_ignore_them(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        _make(**kwargs)
 
 
 # ---- variable batch size per feature (VBE) ------------------------------------------------------------------

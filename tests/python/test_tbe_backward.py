@@ -127,12 +127,13 @@ def touched_rows(module, indices, offsets) -> List[torch.Tensor]:
 
 class ReferenceTrainer:
     """Dense fp64 tables trained with plain PyTorch optimizers (or the row-wise optimizers written out).
-    ``max_gradient``: FBGEMM's gradient clipping (the output's gradient clamped before the backward)."""
+    ``max_gradient``: FBGEMM's gradient clipping (the output's gradient clamped before the backward);
+    ``max_norm``: row-wise Adagrad's bound on the updated rows' norms."""
 
-    def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE,
+    def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE, max_norm=0.0,
                  max_gradient=None):
         self.module = module
-        self.max_gradient = max_gradient
+        self.max_norm, self.max_gradient = max_norm, max_gradient
         self.optimizer = optimizer
         self.wd, self.wd_mode = weight_decay, weight_decay_mode
         self.tables = [torch.nn.Parameter(w.detach().cpu().double().clone()) for w in module.split_embedding_weights()]
@@ -200,6 +201,9 @@ class ReferenceTrainer:
                     new = w - lr * g / (s[mask].sqrt() + eps)[:, None]
                     if self.wd_mode == WeightDecayMode.DECOUPLED:
                         new = new - lr * self.wd * w
+                    if self.max_norm > 0:
+                        norm = new.norm(dim=1)
+                        new = new * torch.where(norm > self.max_norm, self.max_norm / norm, 1.0)[:, None]
                     t[mask] = new
             for t in self.tables:
                 t.grad = None
@@ -318,6 +322,30 @@ def test_lamb_weight_decay(mode):
         torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_max_norm_bounds_the_updated_rows(pooling, weighted):
+    """Row-wise Adagrad with max_norm: after its update, a looked-up row whose norm exceeds max_norm is
+    scaled to it (rows of dims 3 to 130 drawn from [-1, 1): most exceed 1.5); rows not looked up keep theirs."""
+    seed = _seed("max_norm", pooling, weighted)
+    module = case(pooling, OptimType.EXACT_ROWWISE_ADAGRAD, seed=seed, max_norm=1.5)
+    ref = ReferenceTrainer(module, OptimType.EXACT_ROWWISE_ADAGRAD, max_norm=1.5)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 6, seed + step, weighted=weighted)
+        grad = upstream(module, indices, offsets, seed + 100 + step)
+        ours_psw = train_step(module, indices, offsets, psw, grad)
+        ref_psw = ref.step(indices, offsets, psw, grad)
+        if weighted:
+            torch.testing.assert_close(ours_psw.double(), ref_psw, rtol=1e-5, atol=1e-5)
+    scaled = 0
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+        scaled += int((ours.norm(dim=1) - 1.5).abs().lt(1e-5).sum())
+    assert scaled > 10
+    for ours, theirs in zip(module.split_optimizer_states(), ref.state):
+        torch.testing.assert_close(ours[0].double(), theirs, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("optimizer", [OptimType.NONE] + OPTIMIZERS, ids=lambda o: o.name)
 def test_gradient_clipping_clamps_the_output_gradient(optimizer):
     """FBGEMM's gradient_clipping: each element of the output's gradient clamped to [-max_gradient,
@@ -344,11 +372,16 @@ def test_gradient_clipping_clamps_the_output_gradient(optimizer):
         torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
 
 
-def test_clipping_arguments():
-    for kwargs, message in ((dict(gradient_clipping=True, max_gradient=0.0), "max_gradient must be > 0"),
+def test_clipping_and_max_norm_arguments():
+    for kwargs, message in ((dict(max_norm=-1.0), "max_norm must be >= 0"),
+                            (dict(max_norm=float("inf")), "max_norm must be a finite number"),
+                            (dict(gradient_clipping=True, max_gradient=0.0), "max_gradient must be > 0"),
                             (dict(gradient_clipping=True, max_gradient=float("nan")), "max_gradient must be a finite")):
         with pytest.raises(ValueError, match=message):
             make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, **kwargs)
+    for optimizer in (OptimType.EXACT_SGD, OptimType.ADAM, OptimType.NONE, None):
+        with pytest.raises(ValueError, match="EXACT_ROWWISE_ADAGRAD only"):
+            make_module([(4, 4)], None, PoolingMode.SUM, optimizer, max_norm=1.0)
     make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_SGD, max_gradient=-1.0)  # unused: no clipping
 
 
@@ -748,6 +781,15 @@ def test_errors():
                             (dict(weight_decay_mode=WeightDecayMode.DECOUPLED), "use WeightDecayMode.L2")):
         with pytest.raises(ValueError, match=message):
             make_module([(4, 4)], None, PoolingMode.SUM, OptimType.LARS_SGD, **kwargs)
+    ada = op_args(module, indices, offsets, grad)
+    op(*ada, 0.001, 0.9, 2.0)  # max_norm: row-wise Adagrad's
+    for max_norm, message in ((-1.0, "max_norm must be a finite number >= 0"),
+                              (float("inf"), "max_norm must be a finite number >= 0")):
+        with pytest.raises(RuntimeError, match=message):
+            op(*ada, 0.001, 0.9, max_norm)
+    with pytest.raises(RuntimeError, match="max_norm \\(2\\) bounds the rows of EXACT_ROWWISE_ADAGRAD only"):
+        op(*op_args(module, indices, offsets, grad, optimizer=OptimType.EXACT_SGD, m1=torch.empty(0)), 0.001, 0.9,
+           2.0)
     with pytest.raises(RuntimeError, match="grad_output must have the forward output's shape"):
         op(*op_args(module, indices, offsets, torch.zeros(3, 6)))
     with pytest.raises(RuntimeError, match="indices\\[2\\] = 9"):
@@ -925,7 +967,7 @@ def offset_copy(t: torch.Tensor, device) -> torch.Tensor:
     return view
 
 
-def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unaligned, step=2):
+def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unaligned, step=2, max_norm=0.0):
     """One tbe_backward (or tbe_backward_sparse for NONE) call on copies of the module's weights and a
     fixed starting state; returns (weights, states, per-sample-weight grad) or (element indices,
     values, per-sample-weight grad), on the CPU."""
@@ -957,7 +999,8 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         return tuple(t.cpu() for t in torch.ops.hipdlrm.tbe_backward_sparse(grad_in, weights, *common))
     counters = torch.tensor([step - 1, 1234], device=device)  # [step, seed]: the op advances the step
     gpsw = torch.ops.hipdlrm.tbe_backward(grad_in, weights, *common, int(optimizer), states[0], states[1], 0.05, 1e-2,
-                                          0.8, 0.95, 0.01, int(WeightDecayMode.L2), True, counters)
+                                          0.8, 0.95, 0.01, int(WeightDecayMode.L2), True, counters, 0.5, 0.7,
+                                          max_norm)
     assert counters.tolist() == [step, 1234]
     return weights.cpu(), [s.cpu() for s in states], gpsw.cpu()
 
@@ -985,6 +1028,24 @@ def test_gpu_wide_rows_and_unaligned_tensors(optimizer, weights):
         torch.testing.assert_close(gpu[0].float(), cpu[0].float(), **t)
         for x, y in zip(gpu[1], cpu[1]):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+@requires_gpu
+@pytest.mark.parametrize("weights", FLOATS, ids=lambda w: str(w)[6:])
+def test_gpu_max_norm_matches_cpu(weights):
+    """Row-wise Adagrad's max_norm on the GPU: rows of one chunk and wider ones (several chunks), aligned and
+    unaligned, against the CPU; most looked-up rows exceed the bound."""
+    module = make_module([(30, 600), (20, 1100), (40, 36), (50, 3)], [0, 1, 2, 3, 2], PoolingMode.SUM,
+                         OptimType.EXACT_SGD, weights, seed=15)
+    indices, offsets, psw = make_inputs(module, 24, 16, weighted=True, hot=(2, 3, 2500))
+    grad = upstream(module, indices, offsets, 17)
+    optimizer = OptimType.EXACT_ROWWISE_ADAGRAD
+    for unaligned in (False, True):
+        cpu = run_backward_op(module, optimizer, indices, offsets, psw, grad, "cpu", False, max_norm=2.0)
+        gpu = run_backward_op(module, optimizer, indices, offsets, psw, grad, "cuda", unaligned, max_norm=2.0)
+        t = tol(weights) if weights != torch.float32 else dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gpu[0].float(), cpu[0].float(), **t)
+        torch.testing.assert_close(gpu[1][0], cpu[1][0], rtol=1e-4, atol=1e-6)
 
 
 @requires_gpu

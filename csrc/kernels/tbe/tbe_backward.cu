@@ -835,6 +835,45 @@ HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, 
   if constexpr (kStates >= 2) store_cols(ref.m2 + col0, col, left, ref.m_whole, vv);
 }
 
+// FBGEMM's max_norm after row-wise Adagrad's update (max_norm_scale): the lane's columns of the row as
+// stored are measured across the wave and, where the row's norm exceeds o.max_norm, loaded again, scaled and
+// rounded again (with the row's rounding bits). Runs after the update, when its registers are free; the
+// lane reads back only what it has just stored.
+template <typename W, int K>
+HIPDLRM_DEVICE void bound_row_norm(const OptimizerArgs& o, const RowRef<W>& ref, std::int64_t D,
+                                   std::uint64_t row_state) {
+  constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize * kVec;
+  const int lane = gpu::lane_id();
+  float sum_squares = 0.0f;
+  for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
+    const int left = cols_from(D, col0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float v[kVec];
+      gpu::unpack_to_float(load_cols(ref.w + col0, lane_col(lane, k), left, ref.w_whole), v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum_squares = fmaf(v[e], v[e], sum_squares);  // zeros past the row
+    }
+  }
+  const float scale = max_norm_scale(o, gpu::wave_reduce(sum_squares, gpu::SumOp()));
+  if (!(scale < 1.0f)) return;
+  for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
+    const int left = cols_from(D, col0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int col = lane_col(lane, k);
+      if (col >= left) continue;
+      float v[kVec];
+      gpu::unpack_to_float(load_cols(ref.w + col0, col, left, ref.w_whole), v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[e] *= scale;
+      W out[kVec];
+      round_vector<W>(v, o, row_state, col0 + col, out);
+      store_cols(ref.w + col0, col, left, ref.w_whole, out);
+    }
+  }
+}
+
 // One segment (sorted positions [lo, hi), segment number s): its summed gradient written out
 // (OptimType::kNone) or applied to its row by optimizer kOpt. Every lane of the wave calls it alike.
 template <typename W, int K, OptimType kOpt, bool kPrefetch>
@@ -928,6 +967,9 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
         for (int k = 0; k < K; ++k) update_vector<W, K, kOpt>(o, ref, col0, left, r, k, acc[k], multiplier, row_state);
       }
+    }
+    if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
+      if (o.max_norm > 0.0f) bound_row_norm<W, K>(o, ref, D, row_state);
     }
   }
 }

@@ -34,6 +34,7 @@ struct OptimizerArgs {
   float weight_decay = 0.0f;
   float eta = 0.0f;       // LARS's trust coefficient
   float momentum = 0.0f;  // LARS's momentum
+  float max_norm = 0.0f;  // row-wise Adagrad's bound on a row's norm after its update (0: none; max_norm_scale)
   bool stochastic_rounding = false;
   // Set by set_step:
   float bias_correction1 = 1.0f;  // 1 - beta1^step (the Adams)
@@ -167,6 +168,14 @@ HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, c
     state = o.beta2 * state + (1.0f - o.beta2) * mean_square;
     return 1.0f / (sqrtf(state / o.bias_correction2) + o.eps);
   }
+}
+
+// FBGEMM's max_norm (EXACT_ROWWISE_ADAGRAD, o.max_norm > 0): after the update, a row whose L2 norm, from the
+// sum of the squares of its weights as stored, exceeds max_norm is scaled by the factor returned, max_norm /
+// norm (no epsilon: the norm is > max_norm > 0 there); 1 for a row within the bound.
+HIPDLRM_HOST_DEVICE float max_norm_scale(const OptimizerArgs& o, float sum_squares) {
+  const float norm = sqrtf(sum_squares);
+  return norm > o.max_norm ? o.max_norm / norm : 1.0f;
 }
 
 // ---- the per-element update ----------------------------------------------------------------------------

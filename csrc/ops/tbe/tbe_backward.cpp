@@ -145,8 +145,9 @@ W round_weight(float v, const OptimizerArgs& o, std::uint64_t row_state, std::in
 }
 
 // Applies optimizer kOpt to one row given its summed gradient g[0, D): the update of tbe_optimizer.h,
-// column by column. `row_offset` is the row's element offset (the index of its per-element states), `key`
-// its row number (the index of its per-row state).
+// column by column, then (row-wise Adagrad with max_norm) the row's max-norm scaling of its stored weights,
+// rounded again. `row_offset` is the row's element offset (the index of its per-element states), `key` its
+// row number (the index of its per-row state).
 template <typename W, OptimType kOpt>
 void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_offset, std::uint64_t key,
                const float* g, float* momentum1, float* momentum2) {
@@ -171,6 +172,19 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
     float& m2 = kStates >= 2 ? momentum2[row_offset + d] : no_state;
     const float next = ktbe::update_element<kOpt>(o, static_cast<float>(row[d]), g[d], multiplier, m1, m2);
     row[d] = round_weight<W>(next, o, row_state, d);
+  }
+  if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
+    if (o.max_norm > 0.0f) {
+      float sum_squares = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const float v = static_cast<float>(row[d]);
+        sum_squares = std::fma(v, v, sum_squares);
+      }
+      const float scale = ktbe::max_norm_scale(o, sum_squares);
+      if (scale < 1.0f) {
+        for (std::int64_t d = 0; d < D; ++d) row[d] = round_weight<W>(static_cast<float>(row[d]) * scale, o, row_state, d);
+      }
+    }
   }
 }
 
@@ -350,7 +364,7 @@ void define_backward(torch::Library& m) {
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
       "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
       "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters, float eta=0.001, "
-      "float momentum=0.9) -> Tensor");
+      "float momentum=0.9, float max_norm=0.0) -> Tensor");
   m.def(
       "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
@@ -410,6 +424,7 @@ BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit:
   a.optimizer_counters = s["optimizer_counters"].toTensor();
   a.eta = s["eta"].toDouble();
   a.momentum = s["momentum"].toDouble();
+  a.max_norm = s["max_norm"].toDouble();
   return a;
 }
 
@@ -467,6 +482,11 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   TORCH_CHECK(std::isfinite(eps) && std::isfinite(beta1) && std::isfinite(beta2), "tbe_backward: eps (", eps,
               "), beta1 (", beta1, ") and beta2 (", beta2, ") must be finite");
   const OptimType opt = static_cast<OptimType>(optimizer);
+  TORCH_CHECK(std::isfinite(a.max_norm) && a.max_norm >= 0.0, "tbe_backward: max_norm must be a finite number >= 0 "
+              "(0: no bound), got ", a.max_norm);
+  TORCH_CHECK(a.max_norm == 0.0 || opt == OptimType::kExactRowwiseAdagrad, "tbe_backward: max_norm (", a.max_norm,
+              ") bounds the rows of EXACT_ROWWISE_ADAGRAD only (as FBGEMM's), got optimizer ", optimizer,
+              "; pass max_norm=0");
   if (opt == OptimType::kExactSgd) {
     check_state("momentum1", a.momentum1, weights, 0, "EXACT_SGD keeps no state");
     check_state("momentum2", a.momentum2, weights, 0, "EXACT_SGD keeps no state");
@@ -514,6 +534,7 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   o.weight_decay = static_cast<float>(a.weight_decay);
   o.eta = static_cast<float>(a.eta);
   o.momentum = static_cast<float>(a.momentum);
+  o.max_norm = static_cast<float>(a.max_norm);
   o.stochastic_rounding = a.stochastic_rounding;
   return o;
 }
