@@ -68,8 +68,10 @@ class OptimType(enum.IntEnum):
     PARTIAL_ROWWISE_ADAM: Adam with its first moment per element and its second moment per row (of the row's
     ``mean(g^2)``), as FBGEMM's. LARS_SGD (FBGEMM's): momentum SGD at a per-row learning rate
     ``lr * eta * |w| / (|g| + wd * |w|)``, one fp32 momentum per element. LAMB (FBGEMM's): Adam's direction
-    (two fp32 states per element) scaled per row by the trust ratio ``|w| / |direction|``. "Exact": only
-    rows looked up in the batch are updated, each once with the sum of its gradients.
+    (two fp32 states per element) scaled per row by the trust ratio ``|w| / |direction|``.
+    PARTIAL_ROWWISE_LAMB (FBGEMM's): LAMB with partial row-wise Adam's moments (the first per element, the
+    second per row of the row's ``mean(g^2)``). "Exact": only rows looked up in the batch are updated, each
+    once with the sum of its gradients.
     """
 
     NONE = 0
@@ -80,6 +82,7 @@ class OptimType(enum.IntEnum):
     PARTIAL_ROWWISE_ADAM = 5
     LARS_SGD = 6
     LAMB = 7
+    PARTIAL_ROWWISE_LAMB = 8
 
 
 class WeightDecayMode(enum.IntEnum):
@@ -96,9 +99,11 @@ _FLOAT_FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 # bytes always take the kernels' 16-byte vector path (FBGEMM packs tables back to back instead).
 _TABLE_ALIGN_BYTES = 128
 _FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
-          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB)
+          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB, OptimType.PARTIAL_ROWWISE_LAMB)
 # The optimizers with Adam's moments: betas in [0, 1), eps > 0, bias corrections from the step counter.
-_ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LAMB)
+_ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LAMB, OptimType.PARTIAL_ROWWISE_LAMB)
+# The optimizers with one state per element (momentum1) and one per row (momentum2).
+_PARTIAL_ROWWISE = (OptimType.PARTIAL_ROWWISE_ADAM, OptimType.PARTIAL_ROWWISE_LAMB)
 
 
 # ---- fake kernels (torch.compile, meta tensors) --------------------------------------------------------
@@ -393,8 +398,8 @@ class TableBatchedEmbedding(nn.Module):
                         stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
         ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
-        weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; partial row-wise Adam:
-        one per row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
+        weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; the partial row-wise Adam
+        and LAMB: one per row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
         self.optimizer = None if optimizer is None else OptimType(optimizer)
         self.weight_decay_mode = WeightDecayMode(weight_decay_mode)
         self.learning_rate = _finite(learning_rate, "learning_rate")
@@ -443,7 +448,7 @@ class TableBatchedEmbedding(nn.Module):
             self.register_buffer("momentum2", torch.zeros(self.weights.numel(), **f32))
         elif self.optimizer in (OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
-        elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+        elif self.optimizer in _PARTIAL_ROWWISE:
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
             self.register_buffer("momentum2", torch.zeros(self.total_rows, **f32))
         seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -527,8 +532,8 @@ class TableBatchedEmbedding(nn.Module):
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
         ``[momentum1 [rows]]``, Adam and LAMB ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
-        and LARS ``[momentum1 [rows, dim]]``, partial row-wise Adam ``[momentum1 [rows, dim], momentum2 [rows]]``, SGD
-        and NONE ``[]``."""
+        and LARS ``[momentum1 [rows, dim]]``, the partial row-wise Adam and LAMB ``[momentum1 [rows, dim],
+        momentum2 [rows]]``, SGD and NONE ``[]``."""
         states: List[List[torch.Tensor]] = []
         for t, (rows, dim) in enumerate(self.embedding_specs):
             if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
@@ -540,7 +545,7 @@ class TableBatchedEmbedding(nn.Module):
                 element_states = (self.momentum1, self.momentum2) if two else (
                     self.momentum1,)
                 states.append([m.detach()[start:start + rows * dim].view(rows, dim) for m in element_states])
-            elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+            elif self.optimizer in _PARTIAL_ROWWISE:
                 start, row_start = self.table_offsets[t], self.table_row_offsets[t]
                 states.append([self.momentum1.detach()[start:start + rows * dim].view(rows, dim),
                                self.momentum2.detach()[row_start:row_start + rows]])

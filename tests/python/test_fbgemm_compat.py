@@ -207,7 +207,7 @@ def test_performance_and_cache_hints_are_accepted():
 
 # (argument, value, words the message must contain); every rejection names the argument and the value.
 REJECTED = [
-    ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, "LARS_SGD"),
+    ("optimizer", hf.EmbOptimType.MADGRAD, "PARTIAL_ROWWISE_LAMB"),
     ("optimizer", hf.EmbOptimType.ROWWISE_ADAGRAD, "deprecated"),
     ("weights_precision", hf.SparseType.INT8, "FP16"),
     ("weights_precision", hf.SparseType.FP8, "BF16"),
@@ -364,7 +364,7 @@ class Reference:
         self.beta1, self.beta2, self.dtype, self.step = beta1, beta2, weights_dtype, 0
         self.eta, self.momentum = eta, momentum
         rowwise = optimizer == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
-        rowwise2 = optimizer == hf.EmbOptimType.PARTIAL_ROWWISE_ADAM
+        rowwise2 = optimizer in (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_LAMB)
         self.m1 = [torch.zeros(t.shape[0] if rowwise else t.shape, dtype=torch.float64) for t in self.tables]
         self.m2 = [torch.zeros(t.shape[0] if rowwise2 else t.shape, dtype=torch.float64) for t in self.tables]
 
@@ -429,6 +429,14 @@ class Reference:
         elif self.opt == hf.EmbOptimType.LAMB:  # FBGEMM's: weight decay always inside the trust ratio
             self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
             self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * g * g
+            m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
+            v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
+            direction = m_hat / (v_hat.sqrt() + self.eps) + self.wd * w
+            ratio = w.norm() / direction.norm() if direction.norm() > 0 else 0.0
+            new = w - self.lr * ratio * direction
+        elif self.opt == hf.EmbOptimType.PARTIAL_ROWWISE_LAMB:  # FBGEMM's: decay always inside the trust ratio
+            self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
+            self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * (g * g).mean()
             m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
             v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
             direction = m_hat / (v_hat.sqrt() + self.eps) + self.wd * w
@@ -652,7 +660,8 @@ def test_training_matches_fbgemm_cpu(optimizer, weights_dtype, layout, pooling, 
 
 @needs_fbgemm
 @pytest.mark.parametrize("optimizer", [hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LARS_SGD,
-                                       hf.EmbOptimType.LAMB], ids=lambda o: o.name)
+                                       hf.EmbOptimType.LAMB, hf.EmbOptimType.PARTIAL_ROWWISE_LAMB],
+                         ids=lambda o: o.name)
 def test_fbgemm_cpu_lacks_the_gpu_only_optimizers(optimizer):
     """Pins why these optimizers are tested against formulas: FBGEMM's CPU module refuses them."""
     t = FBGEMM
@@ -678,6 +687,8 @@ WD_CASES = [(hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.L2),
             (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.NONE),
             (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.DECOUPLE),
             (hf.EmbOptimType.LAMB, hf.WeightDecayMode.DECOUPLE),
+            (hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, hf.WeightDecayMode.NONE),
+            (hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, hf.WeightDecayMode.DECOUPLE),
             (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.NONE),
             (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.L2)]
 
@@ -698,7 +709,8 @@ def test_weight_decay_matches_the_formula(optimizer, mode, layout):
 
 
 # The optimizers with Adam's moments (FBGEMM decays them decoupled whatever the mode).
-ADAMS = (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LAMB)
+ADAMS = (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LAMB,
+         hf.EmbOptimType.PARTIAL_ROWWISE_LAMB)
 ADAM_CASES = [(dt, layout, p, w) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
               for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN) for w in (False, True)]
 
@@ -753,7 +765,7 @@ def test_gradient_clipping_matches_fbgemm_cpu(optimizer, layout, weighted):
     _train_and_compare(make, specs, ftm, hf.PoolingMode.SUM, weighted, optimizer, torch.float32, **kwargs)
 
 
-@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.ADAM, hf.EmbOptimType.LAMB,
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_LAMB,
                                        hf.EmbOptimType.LARS_SGD], ids=lambda o: o.name)
 def test_gradient_clipping_matches_the_formula(optimizer):
     specs, ftm = LAYOUTS["shared_tables"]
@@ -1073,7 +1085,8 @@ def test_vbe_gpu_matches_cpu(optimizer):
     (hf.EmbOptimType.ADAM, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2),
     (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, [[(10, 4), (10,)], [(7, 8), (7,)]], [["exp_avg", "exp_avg_sq"]] * 2),
     (hf.EmbOptimType.LARS_SGD, [[(10, 4)], [(7, 8)]], [["momentum_buffer"]] * 2),
-    (hf.EmbOptimType.LAMB, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2)])
+    (hf.EmbOptimType.LAMB, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2),
+    (hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, [[(10, 4), (10,)], [(7, 8), (7,)]], [["exp_avg", "exp_avg_sq"]] * 2)])
 def test_optimizer_state_views(optimizer, shapes, keys):
     tbe = _make(optimizer=optimizer)
     states = tbe.split_optimizer_states()

@@ -28,7 +28,7 @@ from hipdlrm import BoundsCheckMode, OptimType, PoolingMode, TableBatchedEmbeddi
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 POOLINGS = [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE]
 OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
-              OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB]
+              OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB, OptimType.PARTIAL_ROWWISE_LAMB]
 MIXED_SPECS = [(50, 4), (37, 8), (100, 16), (9, 3), (1, 64), (20, 130), (64, 36)]
 MIXED_MAP = [0, 1, 2, 3, 4, 5, 2, 6]
 SEQUENCE_SPECS = [(50, 24), (1, 24), (37, 24)]
@@ -181,6 +181,11 @@ class ReferenceTrainer:
                 for t, m, v, mask in zip(self.tables, self.m, self.state, masks):
                     m[mask], v[mask], t[mask] = partial_rowwise_adam_rows(t[mask], t.grad[mask], m[mask], v[mask],
                                                                           self.steps, self.wd, self.wd_mode)
+            elif self.optimizer == OptimType.PARTIAL_ROWWISE_LAMB:
+                self.steps += 1
+                for t, m, v, mask in zip(self.tables, self.m, self.state, masks):
+                    m[mask], v[mask], t[mask] = partial_rowwise_lamb_rows(t[mask], t.grad[mask], m[mask], v[mask],
+                                                                          self.steps, self.wd, self.wd_mode)
             elif self.optimizer == OptimType.LAMB:
                 self.steps += 1
                 for t, m, v, mask in zip(self.tables, self.m, self.v, masks):
@@ -264,7 +269,7 @@ def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype)
     if optimizer == OptimType.LARS_SGD:
         for ours, m in zip(module.split_optimizer_states(), ref.m):
             torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
-    if optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+    if optimizer in (OptimType.PARTIAL_ROWWISE_ADAM, OptimType.PARTIAL_ROWWISE_LAMB):
         for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.state):
             assert ours[1].shape == v.shape
             torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
@@ -320,6 +325,35 @@ def test_lamb_weight_decay(mode):
     for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.v):
         torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
+def test_partial_rowwise_lamb_weight_decay(mode):
+    module = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_LAMB, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, OptimType.PARTIAL_ROWWISE_LAMB, 0.1, mode)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 5, 120 + step)
+        grad = upstream(module, indices, offsets, 125 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.state):
+        torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+def test_partial_rowwise_lamb_rows_without_direction_take_no_step():
+    """A looked-up row whose direction is 0 (zero gradient and first moment, no decay): the trust ratio's
+    0 / 0 is taken as 0, so the row keeps its weights (FBGEMM's formula would give NaN)."""
+    module = make_module([(4, 8)], None, PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_LAMB)
+    before = module.weights.detach().clone().view(4, 8)
+    indices, offsets = torch.tensor([0, 1]), torch.tensor([0, 1, 2])
+    train_step(module, indices, offsets, torch.tensor([0.0, 1.0]), torch.ones(2, 8))
+    after = module.weights.detach().view(4, 8)
+    assert torch.isfinite(after).all() and torch.isfinite(module.momentum1).all()
+    assert torch.equal(after[0], before[0])
+    assert not torch.equal(after[1], before[1])
 
 
 @pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
@@ -464,6 +498,24 @@ def lamb_rows(w, g, m, v, step, wd, mode):
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
     r = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
+    if mode == WeightDecayMode.DECOUPLED:
+        r = r + wd * w
+    r_norm = r.norm(dim=1)
+    ratio = torch.where(r_norm > 0, w.norm(dim=1) / r_norm.clamp_min(1e-300), 0.0)
+    return m, v, w - lr * ratio[:, None] * r
+
+
+def partial_rowwise_lamb_rows(w, g, m, v, step, wd, mode):
+    """FBGEMM's PARTIAL_ROWWISE_LAMB written out on some rows: the first moment m per element, the second v
+    per row (of the row's mean squared gradient), the direction r = m_hat / (sqrt(v_hat) + eps) (+ wd w with
+    DECOUPLED; L2 decays the gradient first) scaled per row by the trust ratio |w| / |r| (0 where |r| is 0).
+    New (m, v, w)."""
+    lr, b1, b2, eps = SETTINGS["learning_rate"], SETTINGS["beta1"], SETTINGS["beta2"], SETTINGS["eps"]
+    if mode == WeightDecayMode.L2:
+        g = g + wd * w
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * (g * g).mean(dim=1)
+    r = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)[:, None]
     if mode == WeightDecayMode.DECOUPLED:
         r = r + wd * w
     r_norm = r.norm(dim=1)
@@ -691,6 +743,9 @@ def test_split_optimizer_states_shapes():
     assert set(partial.state_dict()) == {"weights", "momentum1", "momentum2", "optimizer_counters"}
     lamb = make_module(specs, None, PoolingMode.SUM, OptimType.LAMB)
     assert [[tuple(s.shape) for s in t] for t in lamb.split_optimizer_states()] == [[(10, 4)] * 2, [(7, 3)] * 2]
+    partial_lamb = make_module(specs, None, PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_LAMB)
+    assert [[tuple(s.shape) for s in t] for t in partial_lamb.split_optimizer_states()] == [[(10, 4), (10,)],
+                                                                                            [(7, 3), (7,)]]
     lars = make_module(specs, None, PoolingMode.SUM, OptimType.LARS_SGD)
     assert [[tuple(s.shape) for s in t] for t in lars.split_optimizer_states()] == [[(10, 4)], [(7, 3)]]
     sgd = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_SGD)
@@ -986,6 +1041,8 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         states = [torch.randn(numel, generator=g) * 0.01, torch.empty(0)]
     elif optimizer == OptimType.LAMB:
         states = [torch.randn(numel, generator=g) * 0.01, torch.rand(numel, generator=g) * 0.01]
+    elif optimizer == OptimType.PARTIAL_ROWWISE_LAMB:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.rand(module.total_rows, generator=g) * 0.01]
     else:
         states = [torch.empty(0), torch.empty(0)]
     move = (lambda t: offset_copy(t, device)) if unaligned else (lambda t: t.clone().to(device))
@@ -1049,7 +1106,7 @@ def test_gpu_max_norm_matches_cpu(weights):
 
 
 @requires_gpu
-@pytest.mark.parametrize("optimizer", [OptimType.NONE, OptimType.EXACT_SGD, OptimType.LAMB],
+@pytest.mark.parametrize("optimizer", [OptimType.NONE, OptimType.EXACT_SGD, OptimType.PARTIAL_ROWWISE_LAMB],
                          ids=lambda o: o.name)
 def test_gpu_gradient_clipping_matches_cpu(optimizer):
     seed = _seed("gpu-clip", optimizer)

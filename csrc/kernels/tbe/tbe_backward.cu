@@ -818,7 +818,7 @@ HIPDLRM_DEVICE void load_row(const RowRef<W>& ref, std::int64_t col0, int left, 
 template <typename W, int K, OptimType kOpt>
 HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, std::int64_t col0, int left,
                                   const RowState<W, K, kOpt>& r, int k, const float (&g_in)[kVec], float multiplier,
-                                  std::uint64_t row_state) {
+                                  float factor, std::uint64_t row_state) {
   constexpr int kStates = OptimizerTraits<kOpt>::kElementStates;
   const int col = lane_col(gpu::lane_id(), k);
   if (col >= left) return;
@@ -827,7 +827,7 @@ HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, 
   if constexpr (kStates >= 1) gpu::unpack_to_float(r.m1[k], mv);
   if constexpr (kStates >= 2) gpu::unpack_to_float(r.m2[k], vv);
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) next[e] = update_element<kOpt>(o, wv[e], g_in[e], multiplier, mv[e], vv[e]);
+  for (int e = 0; e < kVec; ++e) next[e] = update_element<kOpt>(o, wv[e], g_in[e], multiplier, mv[e], vv[e], factor);
   W out[kVec];
   round_vector<W>(next, o, row_state, col0 + col, out);
   store_cols(ref.w + col0, col, left, ref.w_whole, out);
@@ -925,7 +925,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     const bool single = D <= kChunk;
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
-    float multiplier = o.learning_rate;
+    float multiplier = o.learning_rate, factor = 1.0f;
     float sums[kMaxRowSums] = {};
     // The row's state (momentum1 without element states, momentum2 after one), loaded early.
     float* const row_states = Traits::kElementStates == 0 ? p.momentum1 : p.momentum2;
@@ -958,6 +958,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
             for (int i = 0; i < Traits::kRowSums; ++i) sums[i] = gpu::wave_reduce(sums[i], gpu::SumOp());
             multiplier = row_multiplier<kOpt>(o, state, sums, D);
+            factor = row_factor<kOpt>(o, state);
             if constexpr (Traits::kRowState) {
               if (lane == 0) row_states[key] = state;
             }
@@ -965,7 +966,8 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
           }
         }
 #pragma unroll
-        for (int k = 0; k < K; ++k) update_vector<W, K, kOpt>(o, ref, col0, left, r, k, acc[k], multiplier, row_state);
+        for (int k = 0; k < K; ++k)
+          update_vector<W, K, kOpt>(o, ref, col0, left, r, k, acc[k], multiplier, factor, row_state);
       }
     }
     if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
@@ -1114,6 +1116,10 @@ void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspa
     case OptimType::kLamb:
       launch_apply_weights<K, OptimType::kLamb>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
                                                 multiprocessors, stream);
+      break;
+    case OptimType::kPartialRowwiseLamb:
+      launch_apply_weights<K, OptimType::kPartialRowwiseLamb>(sp, weights_dtype, w, num_segments, max_segments,
+                                                              wave_size, multiprocessors, stream);
       break;
     default:
       launch_apply_weights<K, OptimType::kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,

@@ -153,7 +153,7 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
                const float* g, float* momentum1, float* momentum2) {
   using Traits = ktbe::OptimizerTraits<kOpt>;
   constexpr int kStates = Traits::kElementStates;
-  float multiplier = o.learning_rate;
+  float multiplier = o.learning_rate, factor = 1.0f;
   if constexpr (Traits::kRowSums > 0) {
     float sums[ktbe::kMaxRowSums] = {};
     for (std::int64_t d = 0; d < D; ++d) {
@@ -164,13 +164,14 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
     float no_row_state = 0.0f;
     float& state = !Traits::kRowState ? no_row_state : kStates == 0 ? momentum1[key] : momentum2[key];
     multiplier = ktbe::row_multiplier<kOpt>(o, state, sums, D);
+    factor = ktbe::row_factor<kOpt>(o, state);
   }
   const std::uint64_t row_state = ktbe::rounding_row_state_from(o.rounding_step_state, key);
   float no_state = 0.0f;
   for (std::int64_t d = 0; d < D; ++d) {
     float& m1 = kStates >= 1 ? momentum1[row_offset + d] : no_state;
     float& m2 = kStates >= 2 ? momentum2[row_offset + d] : no_state;
-    const float next = ktbe::update_element<kOpt>(o, static_cast<float>(row[d]), g[d], multiplier, m1, m2);
+    const float next = ktbe::update_element<kOpt>(o, static_cast<float>(row[d]), g[d], multiplier, m1, m2, factor);
     row[d] = round_weight<W>(next, o, row_state, d);
   }
   if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
@@ -319,6 +320,9 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
         break;
       case OptimType::kLarsSgd: apply_rows<scalar_t, OptimType::kLarsSgd>(p, o, w, m1, m2); break;
       case OptimType::kLamb: apply_rows<scalar_t, OptimType::kLamb>(p, o, w, m1, m2); break;
+      case OptimType::kPartialRowwiseLamb:
+        apply_rows<scalar_t, OptimType::kPartialRowwiseLamb>(p, o, w, m1, m2);
+        break;
       case OptimType::kNone: break;  // rejected by check_optimizer_arguments
     }
   });
@@ -471,9 +475,9 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   TORCH_CHECK(optimizer == code(OptimType::kExactSgd) || optimizer == code(OptimType::kExactRowwiseAdagrad) ||
                   optimizer == code(OptimType::kAdam) || optimizer == code(OptimType::kExactAdagrad) ||
                   optimizer == code(OptimType::kPartialRowwiseAdam) || optimizer == code(OptimType::kLarsSgd) ||
-                  optimizer == code(OptimType::kLamb),
+                  optimizer == code(OptimType::kLamb) || optimizer == code(OptimType::kPartialRowwiseLamb),
               "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM), 4 (EXACT_ADAGRAD), "
-              "5 (PARTIAL_ROWWISE_ADAM), 6 (LARS_SGD) or 7 (LAMB), got ", optimizer);
+              "5 (PARTIAL_ROWWISE_ADAM), 6 (LARS_SGD), 7 (LAMB) or 8 (PARTIAL_ROWWISE_LAMB), got ", optimizer);
   TORCH_CHECK(a.weight_decay_mode >= static_cast<std::int64_t>(ktbe::WeightDecayMode::kNone) &&
                   a.weight_decay_mode <= static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
               "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", a.weight_decay_mode);
