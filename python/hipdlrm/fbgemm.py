@@ -44,7 +44,7 @@ __all__ = [
 class EmbOptimType(enum.Enum):
     """FBGEMM's optimizer names (string-valued, as ``fbgemm_gpu.split_embedding_configs.EmbOptimType``).
     hipdlrm trains EXACT_SGD (SGD too), EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, PARTIAL_ROWWISE_ADAM,
-    LARS_SGD, LAMB and NONE; the others are rejected."""
+    LARS_SGD, LAMB, PARTIAL_ROWWISE_LAMB and NONE; the others are rejected."""
 
     SGD = "sgd"
     EXACT_SGD = "exact_sgd"
@@ -195,6 +195,7 @@ _OPTIMIZERS = {
     EmbOptimType.PARTIAL_ROWWISE_ADAM: _HipOptimType.PARTIAL_ROWWISE_ADAM,
     EmbOptimType.LARS_SGD: _HipOptimType.LARS_SGD,
     EmbOptimType.LAMB: _HipOptimType.LAMB,
+    EmbOptimType.PARTIAL_ROWWISE_LAMB: _HipOptimType.PARTIAL_ROWWISE_LAMB,
     EmbOptimType.NONE: _HipOptimType.NONE,
 }
 
@@ -229,8 +230,9 @@ def _weight_decay(optimizer: EmbOptimType, weight_decay: float,
                          f"{optimizer.name} applies no weight decay (its update would ignore both); pass "
                          "weight_decay=0 or weight_decay_mode=WeightDecayMode.NONE, or use EXACT_ROWWISE_ADAGRAD "
                          "or ADAM")
-    if optimizer in (EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM, EmbOptimType.LAMB):
-        # FBGEMM's Adams and LAMB always decay decoupled (LAMB: inside the trust ratio), whatever
+    if optimizer in (EmbOptimType.ADAM, EmbOptimType.PARTIAL_ROWWISE_ADAM, EmbOptimType.LAMB,
+                     EmbOptimType.PARTIAL_ROWWISE_LAMB):
+        # FBGEMM's Adams and LAMBs always decay decoupled (the LAMBs: inside the trust ratio), whatever
         # weight_decay_mode says.
         if mode == WeightDecayMode.L2:
             raise ValueError(f"weight_decay_mode=L2 with {optimizer.name}: FBGEMM's {optimizer.name} applies "
@@ -549,11 +551,17 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                      if fbgemm_optimizer == EmbOptimType.ROWWISE_ADAGRAD else "")
             raise _unsupported("optimizer", fbgemm_optimizer,
                                "EmbOptimType.EXACT_SGD, SGD, EXACT_ROWWISE_ADAGRAD, EXACT_ADAGRAD, ADAM, "
-                               "PARTIAL_ROWWISE_ADAM, LARS_SGD, LAMB, NONE" + extra)
-        if gradient_clipping:
-            raise _unsupported("gradient_clipping", gradient_clipping, "False (gradient clipping is not implemented)")
-        if float(max_norm) > 0.0:
-            raise _unsupported("max_norm", max_norm, "0.0 (max-norm row clipping is not implemented)")
+                               "PARTIAL_ROWWISE_ADAM, LARS_SGD, LAMB, PARTIAL_ROWWISE_LAMB, NONE" + extra)
+        # FBGEMM clips the output's gradient for every optimizer but NONE, and bounds the rows' norms for
+        # (EXACT_)ROWWISE_ADAGRAD only; where it would ignore them, they are rejected.
+        if gradient_clipping and fbgemm_optimizer == EmbOptimType.NONE:
+            raise ValueError("gradient_clipping=True with EmbOptimType.NONE: FBGEMM does not clip NONE's gradient "
+                             "(it would ignore the flag); pass gradient_clipping=False and clip the sparse gradient, "
+                             "or pick a fused optimizer")
+        if float(max_norm) > 0.0 and fbgemm_optimizer != EmbOptimType.EXACT_ROWWISE_ADAGRAD:
+            raise ValueError(f"max_norm={max_norm} with {fbgemm_optimizer}: FBGEMM bounds the rows' norms for "
+                             "EXACT_ROWWISE_ADAGRAD only (its other optimizers would ignore max_norm); pass "
+                             "max_norm=0.0 or use EmbOptimType.EXACT_ROWWISE_ADAGRAD")
         fbgemm_weight_decay_mode = _coerce(WeightDecayMode, weight_decay_mode, "weight_decay_mode")
         _require_unset("counter_based_regularization", counter_based_regularization,
                        "it goes with WeightDecayMode.COUNTER, which is not implemented")
@@ -632,6 +640,9 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             stochastic_rounding=bool(stochastic_rounding),
             eta=float(eta),
             momentum=float(momentum),
+            max_norm=float(max_norm),
+            gradient_clipping=bool(gradient_clipping),
+            max_gradient=float(max_gradient),
         )
         self.fbgemm_optimizer: EmbOptimType = fbgemm_optimizer
         self.fbgemm_weight_decay_mode: WeightDecayMode = fbgemm_weight_decay_mode
@@ -773,7 +784,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
 
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """FBGEMM's per-table views: ``[momentum1 [rows]]`` (EXACT_ROWWISE_ADAGRAD), ``[momentum1 [rows, dim],
-        momentum2 [rows, dim]]`` (ADAM, LAMB), ``[momentum1 [rows, dim], momentum2 [rows]]`` (PARTIAL_ROWWISE_ADAM),
+        momentum2 [rows, dim]]`` (ADAM, LAMB), ``[momentum1 [rows, dim], momentum2 [rows]]`` (PARTIAL_ROWWISE_ADAM,
+        PARTIAL_ROWWISE_LAMB),
         ``[momentum1 [rows, dim]]`` (LARS_SGD);
         ``[]`` (not one empty list per table) for SGD, as FBGEMM returns."""
         self._no_optimizer_state("split_optimizer_states")
@@ -791,7 +803,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             return [{"sum": s[0]} for s in states]
         if self.optimizer == _HipOptimType.LARS_SGD:
             return [{"momentum_buffer": s[0]} for s in states]
-        if self.optimizer in (_HipOptimType.ADAM, _HipOptimType.PARTIAL_ROWWISE_ADAM, _HipOptimType.LAMB):
+        if self.optimizer in (_HipOptimType.ADAM, _HipOptimType.PARTIAL_ROWWISE_ADAM, _HipOptimType.LAMB,
+                              _HipOptimType.PARTIAL_ROWWISE_LAMB):
             return [{"exp_avg": s[0], "exp_avg_sq": s[1]} for s in states]
         return []
 

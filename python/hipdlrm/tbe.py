@@ -17,7 +17,8 @@ Training: with a fused optimizer, ``loss.backward()`` calls
     torch.ops.hipdlrm.tbe_backward(grad_output, weights, weights_offsets, D_offsets, rows_per_table,
         row_offsets, total_rows, total_D, max_D, indices, offsets, pooling_mode, per_sample_weights,
         optimizer, momentum1, momentum2, learning_rate, eps, beta1, beta2, weight_decay,
-        weight_decay_mode, stochastic_rounding, optimizer_counters) -> grad_per_sample_weights
+        weight_decay_mode, stochastic_rounding, optimizer_counters, eta, momentum, max_norm)
+        -> grad_per_sample_weights
 
 which updates ``weights`` and the states ``momentum1`` / ``momentum2`` in place and adds one to the step in
 ``optimizer_counters`` = [step, seed] (on the device: no host-side counter, so a compiled or captured
@@ -27,7 +28,8 @@ training step has no synchronisation); with ``OptimType.NONE``
         -> (element_indices, values, grad_per_sample_weights)
 
 gives ``weights.grad`` a sparse COO gradient for an external optimizer. The module builds these argument
-lists in one place each (``_lookup_metadata``, ``_optimizer_arguments``).
+lists in one place each (``_lookup_metadata``, ``_optimizer_arguments``). With ``gradient_clipping`` the
+module clamps ``grad_output`` to ``[-max_gradient, max_gradient]`` before either op (FBGEMM's clipping).
 """
 from __future__ import annotations
 
@@ -66,8 +68,10 @@ class OptimType(enum.IntEnum):
     PARTIAL_ROWWISE_ADAM: Adam with its first moment per element and its second moment per row (of the row's
     ``mean(g^2)``), as FBGEMM's. LARS_SGD (FBGEMM's): momentum SGD at a per-row learning rate
     ``lr * eta * |w| / (|g| + wd * |w|)``, one fp32 momentum per element. LAMB (FBGEMM's): Adam's direction
-    (two fp32 states per element) scaled per row by the trust ratio ``|w| / |direction|``. "Exact": only
-    rows looked up in the batch are updated, each once with the sum of its gradients.
+    (two fp32 states per element) scaled per row by the trust ratio ``|w| / |direction|``.
+    PARTIAL_ROWWISE_LAMB (FBGEMM's): LAMB with partial row-wise Adam's moments (the first per element, the
+    second per row of the row's ``mean(g^2)``). "Exact": only rows looked up in the batch are updated, each
+    once with the sum of its gradients.
     """
 
     NONE = 0
@@ -78,6 +82,7 @@ class OptimType(enum.IntEnum):
     PARTIAL_ROWWISE_ADAM = 5
     LARS_SGD = 6
     LAMB = 7
+    PARTIAL_ROWWISE_LAMB = 8
 
 
 class WeightDecayMode(enum.IntEnum):
@@ -94,9 +99,11 @@ _FLOAT_FORMATS = (torch.float32, torch.float16, torch.bfloat16)
 # bytes always take the kernels' 16-byte vector path (FBGEMM packs tables back to back instead).
 _TABLE_ALIGN_BYTES = 128
 _FUSED = (OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
-          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB)
+          OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB, OptimType.PARTIAL_ROWWISE_LAMB)
 # The optimizers with Adam's moments: betas in [0, 1), eps > 0, bias corrections from the step counter.
-_ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LAMB)
+_ADAMS = (OptimType.ADAM, OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LAMB, OptimType.PARTIAL_ROWWISE_LAMB)
+# The optimizers with one state per element (momentum1) and one per row (momentum2).
+_PARTIAL_ROWWISE = (OptimType.PARTIAL_ROWWISE_ADAM, OptimType.PARTIAL_ROWWISE_LAMB)
 
 
 # ---- fake kernels (torch.compile, meta tensors) --------------------------------------------------------
@@ -192,6 +199,10 @@ class TBELookupFunction(torch.autograd.Function):
     def backward(ctx, grad_output):
         module = ctx.module
         indices, offsets, per_sample_weights = ctx.saved_tensors
+        if module.gradient_clipping:
+            # FBGEMM's clipping: each element of the output's gradient, before the backward (so the per-sample
+            # weights' gradient is the clipped one's too).
+            grad_output = grad_output.clamp(-module.max_gradient, module.max_gradient)
         grad_output = grad_output.contiguous()
         lookup = (indices, offsets, int(module.pooling_mode), per_sample_weights)
         grad_weights = None
@@ -259,6 +270,11 @@ class TableBatchedEmbedding(nn.Module):
             (beta1/beta2: the Adams only; eps: the Adagrads and the Adams; LARS_SGD's weight decay is its
             own, in the trust ratio too, with weight_decay_mode L2).
         eta, momentum: LARS_SGD's trust coefficient (> 0) and momentum (in [0, 1)); FBGEMM's defaults.
+        max_norm: EXACT_ROWWISE_ADAGRAD only (as FBGEMM's): after its update, a looked-up row whose L2 norm
+            exceeds ``max_norm`` is scaled to norm ``max_norm``; 0 (the default) bounds nothing.
+        gradient_clipping, max_gradient: with ``gradient_clipping``, the gradient of the lookup's output is
+            clamped element by element to ``[-max_gradient, max_gradient]`` (``max_gradient > 0``) before
+            the backward, as FBGEMM clips it.
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
 
@@ -292,6 +308,9 @@ class TableBatchedEmbedding(nn.Module):
         stochastic_rounding: bool = True,
         eta: float = 0.001,
         momentum: float = 0.9,
+        max_norm: float = 0.0,
+        gradient_clipping: bool = False,
+        max_gradient: float = 1.0,
     ) -> None:
         super().__init__()
         specs = self._validate_specs(embedding_specs)
@@ -356,7 +375,7 @@ class TableBatchedEmbedding(nn.Module):
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
         self._init_optimizer(optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                             stochastic_rounding, eta, momentum)
+                             stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -376,11 +395,11 @@ class TableBatchedEmbedding(nn.Module):
         return specs
 
     def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                        stochastic_rounding, eta, momentum) -> None:
+                        stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
         ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
-        weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; partial row-wise Adam:
-        one per row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
+        weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; the partial row-wise Adam
+        and LAMB: one per row) and ``optimizer_counters`` = [step, seed] (int64), all persistent."""
         self.optimizer = None if optimizer is None else OptimType(optimizer)
         self.weight_decay_mode = WeightDecayMode(weight_decay_mode)
         self.learning_rate = _finite(learning_rate, "learning_rate")
@@ -391,6 +410,17 @@ class TableBatchedEmbedding(nn.Module):
         self.stochastic_rounding = bool(stochastic_rounding)
         self.eta = _finite(eta, "eta")
         self.momentum = _finite(momentum, "momentum")
+        self.max_norm = _finite(max_norm, "max_norm")
+        self.gradient_clipping = bool(gradient_clipping)
+        self.max_gradient = _finite(max_gradient, "max_gradient")
+        if self.max_norm < 0:
+            raise ValueError(f"max_norm must be >= 0 (0: no bound), got {max_norm}")
+        if self.max_norm > 0 and self.optimizer != OptimType.EXACT_ROWWISE_ADAGRAD:
+            name = "None" if self.optimizer is None else f"OptimType.{self.optimizer.name}"
+            raise ValueError(f"max_norm={max_norm} bounds the rows of OptimType.EXACT_ROWWISE_ADAGRAD only (as "
+                             f"FBGEMM's), got optimizer={name}; pass max_norm=0")
+        if self.gradient_clipping and self.max_gradient <= 0:
+            raise ValueError(f"max_gradient must be > 0 with gradient_clipping, got {max_gradient}")
         if self.optimizer in (OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.EXACT_ADAGRAD) + _ADAMS and self.eps <= 0:
             raise ValueError(f"eps must be > 0, got {eps}")
         if self.optimizer in _ADAMS and not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1):
@@ -418,7 +448,7 @@ class TableBatchedEmbedding(nn.Module):
             self.register_buffer("momentum2", torch.zeros(self.weights.numel(), **f32))
         elif self.optimizer in (OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
-        elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+        elif self.optimizer in _PARTIAL_ROWWISE:
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
             self.register_buffer("momentum2", torch.zeros(self.total_rows, **f32))
         seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -437,7 +467,7 @@ class TableBatchedEmbedding(nn.Module):
         none = torch.empty(0, dtype=torch.float32, device=self.weights.device)
         return (int(self.optimizer), getattr(self, "momentum1", none), getattr(self, "momentum2", none),
                 self.learning_rate, self.eps, self.beta1, self.beta2, self.weight_decay, int(self.weight_decay_mode),
-                self.stochastic_rounding, self.optimizer_counters, self.eta, self.momentum)
+                self.stochastic_rounding, self.optimizer_counters, self.eta, self.momentum, self.max_norm)
 
     # ---- nn.Module hooks: dtype casts, checkpoints ----
 
@@ -502,8 +532,8 @@ class TableBatchedEmbedding(nn.Module):
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
         ``[momentum1 [rows]]``, Adam and LAMB ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
-        and LARS ``[momentum1 [rows, dim]]``, partial row-wise Adam ``[momentum1 [rows, dim], momentum2 [rows]]``, SGD
-        and NONE ``[]``."""
+        and LARS ``[momentum1 [rows, dim]]``, the partial row-wise Adam and LAMB ``[momentum1 [rows, dim],
+        momentum2 [rows]]``, SGD and NONE ``[]``."""
         states: List[List[torch.Tensor]] = []
         for t, (rows, dim) in enumerate(self.embedding_specs):
             if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
@@ -515,7 +545,7 @@ class TableBatchedEmbedding(nn.Module):
                 element_states = (self.momentum1, self.momentum2) if two else (
                     self.momentum1,)
                 states.append([m.detach()[start:start + rows * dim].view(rows, dim) for m in element_states])
-            elif self.optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+            elif self.optimizer in _PARTIAL_ROWWISE:
                 start, row_start = self.table_offsets[t], self.table_row_offsets[t]
                 states.append([self.momentum1.detach()[start:start + rows * dim].view(rows, dim),
                                self.momentum2.detach()[row_start:row_start + rows]])

@@ -207,13 +207,11 @@ def test_performance_and_cache_hints_are_accepted():
 
 # (argument, value, words the message must contain); every rejection names the argument and the value.
 REJECTED = [
-    ("optimizer", hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, "LARS_SGD"),
+    ("optimizer", hf.EmbOptimType.MADGRAD, "PARTIAL_ROWWISE_LAMB"),
     ("optimizer", hf.EmbOptimType.ROWWISE_ADAGRAD, "deprecated"),
     ("weights_precision", hf.SparseType.INT8, "FP16"),
     ("weights_precision", hf.SparseType.FP8, "BF16"),
     ("output_dtype", hf.SparseType.INT8, "FP32"),
-    ("gradient_clipping", True, "False"),
-    ("max_norm", 1.0, "0.0"),
     ("weight_decay_mode", hf.WeightDecayMode.COUNTER, "DECOUPLE"),
     ("weight_decay_mode", hf.WeightDecayMode.COWCLIP, "L2"),
     ("weight_decay_mode", hf.WeightDecayMode.DECOUPLE_GLOBAL, "NONE"),
@@ -357,14 +355,16 @@ class Reference:
     row by autograd, then the exact optimizer step on the rows the batch looked up (FBGEMM's GPU formulas)."""
 
     def __init__(self, tables, feature_table_map, pooling, optimizer, lr, eps=1e-8, weight_decay=0.0,
-                 weight_decay_mode=0, beta1=0.9, beta2=0.999, eta=0.001, momentum=0.9, weights_dtype=torch.float32):
+                 weight_decay_mode=0, beta1=0.9, beta2=0.999, eta=0.001, momentum=0.9, weights_dtype=torch.float32,
+                 max_norm=0.0, max_gradient=None):
         self.tables = [t.detach().double().clone() for t in tables]
+        self.max_norm, self.max_gradient = max_norm, max_gradient
         self.ftm, self.pooling, self.opt = list(feature_table_map), int(pooling), optimizer
         self.lr, self.eps, self.wd, self.mode = lr, eps, weight_decay, int(weight_decay_mode)
         self.beta1, self.beta2, self.dtype, self.step = beta1, beta2, weights_dtype, 0
         self.eta, self.momentum = eta, momentum
         rowwise = optimizer == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
-        rowwise2 = optimizer == hf.EmbOptimType.PARTIAL_ROWWISE_ADAM
+        rowwise2 = optimizer in (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_LAMB)
         self.m1 = [torch.zeros(t.shape[0] if rowwise else t.shape, dtype=torch.float64) for t in self.tables]
         self.m2 = [torch.zeros(t.shape[0] if rowwise2 else t.shape, dtype=torch.float64) for t in self.tables]
 
@@ -389,6 +389,8 @@ class Reference:
     def train_step(self, indices, offsets, psw, grad_out, batch_sizes=None):
         tables = [t.clone().requires_grad_() for t in self.tables]
         psw64 = None if psw is None else psw.detach().double().requires_grad_()
+        if self.max_gradient is not None:  # FBGEMM's gradient_clipping: the output's gradient, element by element
+            grad_out = grad_out.clamp(-self.max_gradient, self.max_gradient)
         if batch_sizes is None:
             out = self.forward(tables, indices, offsets, psw64)
         else:
@@ -432,6 +434,14 @@ class Reference:
             direction = m_hat / (v_hat.sqrt() + self.eps) + self.wd * w
             ratio = w.norm() / direction.norm() if direction.norm() > 0 else 0.0
             new = w - self.lr * ratio * direction
+        elif self.opt == hf.EmbOptimType.PARTIAL_ROWWISE_LAMB:  # FBGEMM's: decay always inside the trust ratio
+            self.m1[t][r] = self.beta1 * self.m1[t][r] + (1 - self.beta1) * g
+            self.m2[t][r] = self.beta2 * self.m2[t][r] + (1 - self.beta2) * (g * g).mean()
+            m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
+            v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
+            direction = m_hat / (v_hat.sqrt() + self.eps) + self.wd * w
+            ratio = w.norm() / direction.norm() if direction.norm() > 0 else 0.0
+            new = w - self.lr * ratio * direction
         elif self.opt == hf.EmbOptimType.LARS_SGD:  # FBGEMM's: weight decay always applied
             w_norm, g_norm = w.norm(), g.norm()
             denominator = g_norm + self.wd * w_norm
@@ -450,7 +460,13 @@ class Reference:
             m_hat = self.m1[t][r] / (1 - self.beta1 ** self.step)
             v_hat = self.m2[t][r] / (1 - self.beta2 ** self.step)
             new = w - self.lr * (m_hat / (v_hat.sqrt() + self.eps) + self.wd * w)
-        self.tables[t][r] = new.to(self.dtype).double()  # rounded to the weights' format, to nearest
+        new = new.to(self.dtype).double()  # rounded to the weights' format, to nearest
+        if self.opt == hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD and self.max_norm > 0:
+            # FBGEMM's max_norm: the row as stored, scaled to norm max_norm where it exceeds it, rounded again
+            norm = new.norm()
+            if norm > self.max_norm:
+                new = (new * (self.max_norm / norm)).to(self.dtype).double()
+        self.tables[t][r] = new
 
     def states(self):
         if self.opt in (hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.EmbOptimType.EXACT_ADAGRAD,
@@ -644,7 +660,8 @@ def test_training_matches_fbgemm_cpu(optimizer, weights_dtype, layout, pooling, 
 
 @needs_fbgemm
 @pytest.mark.parametrize("optimizer", [hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LARS_SGD,
-                                       hf.EmbOptimType.LAMB], ids=lambda o: o.name)
+                                       hf.EmbOptimType.LAMB, hf.EmbOptimType.PARTIAL_ROWWISE_LAMB],
+                         ids=lambda o: o.name)
 def test_fbgemm_cpu_lacks_the_gpu_only_optimizers(optimizer):
     """Pins why these optimizers are tested against formulas: FBGEMM's CPU module refuses them."""
     t = FBGEMM
@@ -670,6 +687,8 @@ WD_CASES = [(hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, hf.WeightDecayMode.L2),
             (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.NONE),
             (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.WeightDecayMode.DECOUPLE),
             (hf.EmbOptimType.LAMB, hf.WeightDecayMode.DECOUPLE),
+            (hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, hf.WeightDecayMode.NONE),
+            (hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, hf.WeightDecayMode.DECOUPLE),
             (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.NONE),
             (hf.EmbOptimType.LARS_SGD, hf.WeightDecayMode.L2)]
 
@@ -690,7 +709,8 @@ def test_weight_decay_matches_the_formula(optimizer, mode, layout):
 
 
 # The optimizers with Adam's moments (FBGEMM decays them decoupled whatever the mode).
-ADAMS = (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LAMB)
+ADAMS = (hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, hf.EmbOptimType.LAMB,
+         hf.EmbOptimType.PARTIAL_ROWWISE_LAMB)
 ADAM_CASES = [(dt, layout, p, w) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
               for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN) for w in (False, True)]
 
@@ -720,6 +740,112 @@ def test_lars_matches_the_formula(weights_dtype, layout, pooling, weighted):
     opt = hf.EmbOptimType.LARS_SGD
     _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, eta=0.5, momentum=0.7),
                        specs, ftm, pooling, weighted, opt, weights_dtype, learning_rate=0.05, eta=0.5, momentum=0.7)
+
+
+# ---- gradient clipping and max_norm ------------------------------------------------------------------------
+# FBGEMM clamps the output's gradient (gradient_clipping, max_gradient) before the backward of every optimizer
+# but NONE, on the CPU too; it bounds the rows' norms (max_norm) in EXACT_ROWWISE_ADAGRAD's GPU update only.
+
+CLIP_CASES = [(o, layout, w) for o in (hf.EmbOptimType.EXACT_SGD, hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                       hf.EmbOptimType.EXACT_ADAGRAD)
+              for layout in LAYOUTS for w in (False, True)]
+
+
+@pytest.mark.parametrize("optimizer, layout, weighted", CLIP_CASES,
+                         ids=[f"{o.name}-{layout}-{'weighted' if w else 'unweighted'}" for o, layout, w in CLIP_CASES])
+def test_gradient_clipping_matches_fbgemm_cpu(optimizer, layout, weighted):
+    specs, ftm = LAYOUTS[layout]
+    kwargs = dict(learning_rate=0.1, gradient_clipping=True, max_gradient=0.4)
+    if FBGEMM is None or _fbgemm_cpu_is_wrong(optimizer, layout, hf.PoolingMode.SUM, weighted, hf.WeightDecayMode.NONE):
+        def make(tbe):
+            return ReferenceOracle(tbe, optimizer, hf.PoolingMode.SUM, torch.float32, max_gradient=0.4)
+    else:
+        def make(tbe):
+            return FbgemmOracle(tbe, specs, ftm, optimizer, hf.PoolingMode.SUM, torch.float32, **kwargs)
+    _train_and_compare(make, specs, ftm, hf.PoolingMode.SUM, weighted, optimizer, torch.float32, **kwargs)
+
+
+@pytest.mark.parametrize("optimizer", [hf.EmbOptimType.ADAM, hf.EmbOptimType.PARTIAL_ROWWISE_LAMB,
+                                       hf.EmbOptimType.LARS_SGD], ids=lambda o: o.name)
+def test_gradient_clipping_matches_the_formula(optimizer):
+    specs, ftm = LAYOUTS["shared_tables"]
+    lars = dict(eta=0.5, momentum=0.7) if optimizer == hf.EmbOptimType.LARS_SGD else {}
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, optimizer, hf.PoolingMode.MEAN, torch.float32, max_gradient=0.4,
+                                                   **lars),
+                       specs, ftm, hf.PoolingMode.MEAN, True, optimizer, torch.float32, learning_rate=0.05,
+                       gradient_clipping=True, max_gradient=0.4, **lars)
+
+
+@needs_fbgemm
+def test_clipped_gradient_differs_from_the_unclipped_one():
+    """Pins that the clipping cases clip: FBGEMM's CPU module with and without gradient_clipping disagree
+    on these batches."""
+    specs, ftm = LAYOUTS["mixed_dims"]
+    runs = []
+    for clipping in (False, True):
+        tbe = _train_and_compare(
+            lambda tbe: FbgemmOracle(tbe, specs, ftm, hf.EmbOptimType.EXACT_SGD, hf.PoolingMode.SUM, torch.float32,
+                                     learning_rate=0.1, gradient_clipping=clipping, max_gradient=0.4),
+            specs, ftm, hf.PoolingMode.SUM, False, hf.EmbOptimType.EXACT_SGD, torch.float32, learning_rate=0.1,
+            gradient_clipping=clipping, max_gradient=0.4)
+        runs.append(torch.cat([t.flatten() for t in tbe.split_embedding_weights()]))
+    assert not torch.allclose(runs[0], runs[1])
+
+
+MAX_NORM_CASES = [(dt, layout, p) for dt in (torch.float32, torch.float16) for layout in LAYOUTS
+                  for p in (hf.PoolingMode.SUM, hf.PoolingMode.MEAN)]
+
+
+@pytest.mark.parametrize("weights_dtype, layout, pooling", MAX_NORM_CASES,
+                         ids=[f"{str(dt)[6:]}-{layout}-{p.name}" for dt, layout, p in MAX_NORM_CASES])
+def test_max_norm_matches_the_formula(weights_dtype, layout, pooling):
+    # FBGEMM's CPU module ignores max_norm (test_fbgemm_cpu_ignores_max_norm): its GPU formula is the reference.
+    # Rows of dim 4 to 12 drawn from [-1, 1) have norms around 1.2 to 2: max_norm=1.1 scales most looked-up rows.
+    specs, ftm = LAYOUTS[layout]
+    opt = hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    _train_and_compare(lambda tbe: ReferenceOracle(tbe, opt, pooling, weights_dtype, max_norm=1.1),
+                       specs, ftm, pooling, True, opt, weights_dtype, learning_rate=0.1, max_norm=1.1)
+
+
+@needs_fbgemm
+def test_fbgemm_cpu_ignores_max_norm():
+    """Pins why max_norm is tested against the formula: FBGEMM's CPU kernel never reads it (its rows keep
+    norms above max_norm)."""
+    specs, ftm = LAYOUTS["mixed_dims"]
+    opt = hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD
+    tbe = _train_and_compare(
+        lambda tbe: FbgemmOracle(tbe, specs, ftm, opt, hf.PoolingMode.SUM, torch.float32, learning_rate=0.1,
+                                 max_norm=0.5),
+        specs, ftm, hf.PoolingMode.SUM, False, opt, torch.float32, learning_rate=0.1)
+    assert max(float(t.norm(dim=1).max()) for t in tbe.split_embedding_weights()) > 0.5
+
+
+def test_max_norm_bounds_the_updated_rows_only():
+    tbe = _make(optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, max_norm=0.5, learning_rate=0.1)
+    for table in tbe.split_embedding_weights():
+        table.fill_(1.0)
+    indices, offsets = torch.tensor([1, 3, 2]), torch.tensor([0, 2, 2, 3, 3])
+    tbe(indices, offsets).backward(torch.randn(2, 12))
+    tables = tbe.split_embedding_weights()
+    norms = [t.norm(dim=1) for t in tables]
+    for t, rows in ((0, (1, 3)), (1, (2,))):
+        for r in range(tables[t].shape[0]):
+            if r in rows:
+                assert abs(float(norms[t][r]) - 0.5) < 1e-5
+            else:
+                assert torch.equal(tables[t][r], torch.ones_like(tables[t][r]))
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(optimizer=hf.EmbOptimType.ADAM, max_norm=1.0), "EXACT_ROWWISE_ADAGRAD only"),
+    (dict(optimizer=hf.EmbOptimType.EXACT_SGD, max_norm=0.5), "EXACT_ROWWISE_ADAGRAD only"),
+    (dict(optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, max_norm=-1.0), "max_norm must be >= 0"),
+    (dict(optimizer=hf.EmbOptimType.NONE, gradient_clipping=True), "does not clip NONE"),
+    (dict(optimizer=hf.EmbOptimType.EXACT_SGD, gradient_clipping=True, max_gradient=0.0), "max_gradient must be > 0"),
+], ids=["max_norm-adam", "max_norm-sgd", "max_norm-negative", "clipping-none", "max_gradient-zero"])
+def test_clipping_and_max_norm_where_fbgemm_would_ignore_them(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        _make(**kwargs)
 
 
 # ---- variable batch size per feature (VBE) ------------------------------------------------------------------
@@ -959,7 +1085,8 @@ def test_vbe_gpu_matches_cpu(optimizer):
     (hf.EmbOptimType.ADAM, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2),
     (hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, [[(10, 4), (10,)], [(7, 8), (7,)]], [["exp_avg", "exp_avg_sq"]] * 2),
     (hf.EmbOptimType.LARS_SGD, [[(10, 4)], [(7, 8)]], [["momentum_buffer"]] * 2),
-    (hf.EmbOptimType.LAMB, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2)])
+    (hf.EmbOptimType.LAMB, [[(10, 4), (10, 4)], [(7, 8), (7, 8)]], [["exp_avg", "exp_avg_sq"]] * 2),
+    (hf.EmbOptimType.PARTIAL_ROWWISE_LAMB, [[(10, 4), (10,)], [(7, 8), (7,)]], [["exp_avg", "exp_avg_sq"]] * 2)])
 def test_optimizer_state_views(optimizer, shapes, keys):
     tbe = _make(optimizer=optimizer)
     states = tbe.split_optimizer_states()

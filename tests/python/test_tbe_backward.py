@@ -28,7 +28,7 @@ from hipdlrm import BoundsCheckMode, OptimType, PoolingMode, TableBatchedEmbeddi
 FLOATS = [torch.float32, torch.float16, torch.bfloat16]
 POOLINGS = [PoolingMode.SUM, PoolingMode.MEAN, PoolingMode.NONE]
 OPTIMIZERS = [OptimType.EXACT_SGD, OptimType.EXACT_ROWWISE_ADAGRAD, OptimType.ADAM, OptimType.EXACT_ADAGRAD,
-              OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB]
+              OptimType.PARTIAL_ROWWISE_ADAM, OptimType.LARS_SGD, OptimType.LAMB, OptimType.PARTIAL_ROWWISE_LAMB]
 MIXED_SPECS = [(50, 4), (37, 8), (100, 16), (9, 3), (1, 64), (20, 130), (64, 36)]
 MIXED_MAP = [0, 1, 2, 3, 4, 5, 2, 6]
 SEQUENCE_SPECS = [(50, 24), (1, 24), (37, 24)]
@@ -126,10 +126,14 @@ def touched_rows(module, indices, offsets) -> List[torch.Tensor]:
 
 
 class ReferenceTrainer:
-    """Dense fp64 tables trained with plain PyTorch optimizers (or the row-wise optimizers written out)."""
+    """Dense fp64 tables trained with plain PyTorch optimizers (or the row-wise optimizers written out).
+    ``max_gradient``: FBGEMM's gradient clipping (the output's gradient clamped before the backward);
+    ``max_norm``: row-wise Adagrad's bound on the updated rows' norms."""
 
-    def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE):
+    def __init__(self, module, optimizer, weight_decay=0.0, weight_decay_mode=WeightDecayMode.NONE, max_norm=0.0,
+                 max_gradient=None):
         self.module = module
+        self.max_norm, self.max_gradient = max_norm, max_gradient
         self.optimizer = optimizer
         self.wd, self.wd_mode = weight_decay, weight_decay_mode
         self.tables = [torch.nn.Parameter(w.detach().cpu().double().clone()) for w in module.split_embedding_weights()]
@@ -147,6 +151,8 @@ class ReferenceTrainer:
 
     def step(self, indices, offsets, psw, grad):
         psw_param = None if psw is None else psw.double().clone().requires_grad_(True)
+        if self.max_gradient is not None:
+            grad = grad.clamp(-self.max_gradient, self.max_gradient)
         out = reference_forward(self.tables, self.module, indices, offsets, psw_param)
         (out * grad.double()).sum().backward()
         masks = touched_rows(self.module, indices, offsets)
@@ -175,6 +181,11 @@ class ReferenceTrainer:
                 for t, m, v, mask in zip(self.tables, self.m, self.state, masks):
                     m[mask], v[mask], t[mask] = partial_rowwise_adam_rows(t[mask], t.grad[mask], m[mask], v[mask],
                                                                           self.steps, self.wd, self.wd_mode)
+            elif self.optimizer == OptimType.PARTIAL_ROWWISE_LAMB:
+                self.steps += 1
+                for t, m, v, mask in zip(self.tables, self.m, self.state, masks):
+                    m[mask], v[mask], t[mask] = partial_rowwise_lamb_rows(t[mask], t.grad[mask], m[mask], v[mask],
+                                                                          self.steps, self.wd, self.wd_mode)
             elif self.optimizer == OptimType.LAMB:
                 self.steps += 1
                 for t, m, v, mask in zip(self.tables, self.m, self.v, masks):
@@ -195,6 +206,9 @@ class ReferenceTrainer:
                     new = w - lr * g / (s[mask].sqrt() + eps)[:, None]
                     if self.wd_mode == WeightDecayMode.DECOUPLED:
                         new = new - lr * self.wd * w
+                    if self.max_norm > 0:
+                        norm = new.norm(dim=1)
+                        new = new * torch.where(norm > self.max_norm, self.max_norm / norm, 1.0)[:, None]
                     t[mask] = new
             for t in self.tables:
                 t.grad = None
@@ -255,7 +269,7 @@ def test_cpu_training_matches_pytorch(optimizer, pooling, weighted, index_dtype)
     if optimizer == OptimType.LARS_SGD:
         for ours, m in zip(module.split_optimizer_states(), ref.m):
             torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
-    if optimizer == OptimType.PARTIAL_ROWWISE_ADAM:
+    if optimizer in (OptimType.PARTIAL_ROWWISE_ADAM, OptimType.PARTIAL_ROWWISE_LAMB):
         for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.state):
             assert ours[1].shape == v.shape
             torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
@@ -311,6 +325,98 @@ def test_lamb_weight_decay(mode):
     for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.v):
         torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
+def test_partial_rowwise_lamb_weight_decay(mode):
+    module = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_LAMB, weight_decay=0.1, weight_decay_mode=mode)
+    ref = ReferenceTrainer(module, OptimType.PARTIAL_ROWWISE_LAMB, 0.1, mode)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 5, 120 + step)
+        grad = upstream(module, indices, offsets, 125 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+    for ours, m, v in zip(module.split_optimizer_states(), ref.m, ref.state):
+        torch.testing.assert_close(ours[0].double(), m, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(ours[1].double(), v, rtol=1e-5, atol=1e-6)
+
+
+def test_partial_rowwise_lamb_rows_without_direction_take_no_step():
+    """A looked-up row whose direction is 0 (zero gradient and first moment, no decay): the trust ratio's
+    0 / 0 is taken as 0, so the row keeps its weights (FBGEMM's formula would give NaN)."""
+    module = make_module([(4, 8)], None, PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_LAMB)
+    before = module.weights.detach().clone().view(4, 8)
+    indices, offsets = torch.tensor([0, 1]), torch.tensor([0, 1, 2])
+    train_step(module, indices, offsets, torch.tensor([0.0, 1.0]), torch.ones(2, 8))
+    after = module.weights.detach().view(4, 8)
+    assert torch.isfinite(after).all() and torch.isfinite(module.momentum1).all()
+    assert torch.equal(after[0], before[0])
+    assert not torch.equal(after[1], before[1])
+
+
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+def test_max_norm_bounds_the_updated_rows(pooling, weighted):
+    """Row-wise Adagrad with max_norm: after its update, a looked-up row whose norm exceeds max_norm is
+    scaled to it (rows of dims 3 to 130 drawn from [-1, 1): most exceed 1.5); rows not looked up keep theirs."""
+    seed = _seed("max_norm", pooling, weighted)
+    module = case(pooling, OptimType.EXACT_ROWWISE_ADAGRAD, seed=seed, max_norm=1.5)
+    ref = ReferenceTrainer(module, OptimType.EXACT_ROWWISE_ADAGRAD, max_norm=1.5)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 6, seed + step, weighted=weighted)
+        grad = upstream(module, indices, offsets, seed + 100 + step)
+        ours_psw = train_step(module, indices, offsets, psw, grad)
+        ref_psw = ref.step(indices, offsets, psw, grad)
+        if weighted:
+            torch.testing.assert_close(ours_psw.double(), ref_psw, rtol=1e-5, atol=1e-5)
+    scaled = 0
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+        scaled += int((ours.norm(dim=1) - 1.5).abs().lt(1e-5).sum())
+    assert scaled > 10
+    for ours, theirs in zip(module.split_optimizer_states(), ref.state):
+        torch.testing.assert_close(ours[0].double(), theirs, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("optimizer", [OptimType.NONE] + OPTIMIZERS, ids=lambda o: o.name)
+def test_gradient_clipping_clamps_the_output_gradient(optimizer):
+    """FBGEMM's gradient_clipping: each element of the output's gradient clamped to [-max_gradient,
+    max_gradient] before the backward (the per-sample weights' gradient too)."""
+    seed = _seed("clip", optimizer)
+    module = case(PoolingMode.SUM, optimizer, seed=seed, gradient_clipping=True, max_gradient=0.3)
+    indices, offsets, psw = make_inputs(module, 6, seed, weighted=True)
+    grad = upstream(module, indices, offsets, seed + 1)
+    if optimizer == OptimType.NONE:
+        plain = case(PoolingMode.SUM, optimizer, seed=seed)
+        clipped_psw = train_step(module, indices, offsets, psw, grad)
+        plain_psw = train_step(plain, indices, offsets, psw, grad.clamp(-0.3, 0.3))
+        torch.testing.assert_close(module.weights.grad.to_dense(), plain.weights.grad.to_dense())
+        torch.testing.assert_close(clipped_psw, plain_psw)
+        return
+    ref = ReferenceTrainer(module, optimizer, max_gradient=0.3)
+    for step in range(2):
+        indices, offsets, psw = make_inputs(module, 6, seed + step, weighted=True)
+        grad = upstream(module, indices, offsets, seed + 10 + step)
+        ours_psw = train_step(module, indices, offsets, psw, grad)
+        ref_psw = ref.step(indices, offsets, psw, grad)
+        torch.testing.assert_close(ours_psw.double(), ref_psw, rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_clipping_and_max_norm_arguments():
+    for kwargs, message in ((dict(max_norm=-1.0), "max_norm must be >= 0"),
+                            (dict(max_norm=float("inf")), "max_norm must be a finite number"),
+                            (dict(gradient_clipping=True, max_gradient=0.0), "max_gradient must be > 0"),
+                            (dict(gradient_clipping=True, max_gradient=float("nan")), "max_gradient must be a finite")):
+        with pytest.raises(ValueError, match=message):
+            make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_ROWWISE_ADAGRAD, **kwargs)
+    for optimizer in (OptimType.EXACT_SGD, OptimType.ADAM, OptimType.NONE, None):
+        with pytest.raises(ValueError, match="EXACT_ROWWISE_ADAGRAD only"):
+            make_module([(4, 4)], None, PoolingMode.SUM, optimizer, max_norm=1.0)
+    make_module([(4, 4)], None, PoolingMode.SUM, OptimType.EXACT_SGD, max_gradient=-1.0)  # unused: no clipping
 
 
 @pytest.mark.parametrize("mode", [WeightDecayMode.L2, WeightDecayMode.DECOUPLED], ids=lambda m: m.name)
@@ -392,6 +498,24 @@ def lamb_rows(w, g, m, v, step, wd, mode):
     m = b1 * m + (1 - b1) * g
     v = b2 * v + (1 - b2) * g * g
     r = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
+    if mode == WeightDecayMode.DECOUPLED:
+        r = r + wd * w
+    r_norm = r.norm(dim=1)
+    ratio = torch.where(r_norm > 0, w.norm(dim=1) / r_norm.clamp_min(1e-300), 0.0)
+    return m, v, w - lr * ratio[:, None] * r
+
+
+def partial_rowwise_lamb_rows(w, g, m, v, step, wd, mode):
+    """FBGEMM's PARTIAL_ROWWISE_LAMB written out on some rows: the first moment m per element, the second v
+    per row (of the row's mean squared gradient), the direction r = m_hat / (sqrt(v_hat) + eps) (+ wd w with
+    DECOUPLED; L2 decays the gradient first) scaled per row by the trust ratio |w| / |r| (0 where |r| is 0).
+    New (m, v, w)."""
+    lr, b1, b2, eps = SETTINGS["learning_rate"], SETTINGS["beta1"], SETTINGS["beta2"], SETTINGS["eps"]
+    if mode == WeightDecayMode.L2:
+        g = g + wd * w
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * (g * g).mean(dim=1)
+    r = (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)[:, None]
     if mode == WeightDecayMode.DECOUPLED:
         r = r + wd * w
     r_norm = r.norm(dim=1)
@@ -619,6 +743,9 @@ def test_split_optimizer_states_shapes():
     assert set(partial.state_dict()) == {"weights", "momentum1", "momentum2", "optimizer_counters"}
     lamb = make_module(specs, None, PoolingMode.SUM, OptimType.LAMB)
     assert [[tuple(s.shape) for s in t] for t in lamb.split_optimizer_states()] == [[(10, 4)] * 2, [(7, 3)] * 2]
+    partial_lamb = make_module(specs, None, PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_LAMB)
+    assert [[tuple(s.shape) for s in t] for t in partial_lamb.split_optimizer_states()] == [[(10, 4), (10,)],
+                                                                                            [(7, 3), (7,)]]
     lars = make_module(specs, None, PoolingMode.SUM, OptimType.LARS_SGD)
     assert [[tuple(s.shape) for s in t] for t in lars.split_optimizer_states()] == [[(10, 4)], [(7, 3)]]
     sgd = make_module(specs, None, PoolingMode.SUM, OptimType.EXACT_SGD)
@@ -709,6 +836,15 @@ def test_errors():
                             (dict(weight_decay_mode=WeightDecayMode.DECOUPLED), "use WeightDecayMode.L2")):
         with pytest.raises(ValueError, match=message):
             make_module([(4, 4)], None, PoolingMode.SUM, OptimType.LARS_SGD, **kwargs)
+    ada = op_args(module, indices, offsets, grad)
+    op(*ada, 0.001, 0.9, 2.0)  # max_norm: row-wise Adagrad's
+    for max_norm, message in ((-1.0, "max_norm must be a finite number >= 0"),
+                              (float("inf"), "max_norm must be a finite number >= 0")):
+        with pytest.raises(RuntimeError, match=message):
+            op(*ada, 0.001, 0.9, max_norm)
+    with pytest.raises(RuntimeError, match="max_norm \\(2\\) bounds the rows of EXACT_ROWWISE_ADAGRAD only"):
+        op(*op_args(module, indices, offsets, grad, optimizer=OptimType.EXACT_SGD, m1=torch.empty(0)), 0.001, 0.9,
+           2.0)
     with pytest.raises(RuntimeError, match="grad_output must have the forward output's shape"):
         op(*op_args(module, indices, offsets, torch.zeros(3, 6)))
     with pytest.raises(RuntimeError, match="indices\\[2\\] = 9"):
@@ -886,7 +1022,7 @@ def offset_copy(t: torch.Tensor, device) -> torch.Tensor:
     return view
 
 
-def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unaligned, step=2):
+def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unaligned, step=2, max_norm=0.0):
     """One tbe_backward (or tbe_backward_sparse for NONE) call on copies of the module's weights and a
     fixed starting state; returns (weights, states, per-sample-weight grad) or (element indices,
     values, per-sample-weight grad), on the CPU."""
@@ -905,6 +1041,8 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         states = [torch.randn(numel, generator=g) * 0.01, torch.empty(0)]
     elif optimizer == OptimType.LAMB:
         states = [torch.randn(numel, generator=g) * 0.01, torch.rand(numel, generator=g) * 0.01]
+    elif optimizer == OptimType.PARTIAL_ROWWISE_LAMB:
+        states = [torch.randn(numel, generator=g) * 0.01, torch.rand(module.total_rows, generator=g) * 0.01]
     else:
         states = [torch.empty(0), torch.empty(0)]
     move = (lambda t: offset_copy(t, device)) if unaligned else (lambda t: t.clone().to(device))
@@ -918,7 +1056,8 @@ def run_backward_op(module, optimizer, indices, offsets, psw, grad, device, unal
         return tuple(t.cpu() for t in torch.ops.hipdlrm.tbe_backward_sparse(grad_in, weights, *common))
     counters = torch.tensor([step - 1, 1234], device=device)  # [step, seed]: the op advances the step
     gpsw = torch.ops.hipdlrm.tbe_backward(grad_in, weights, *common, int(optimizer), states[0], states[1], 0.05, 1e-2,
-                                          0.8, 0.95, 0.01, int(WeightDecayMode.L2), True, counters)
+                                          0.8, 0.95, 0.01, int(WeightDecayMode.L2), True, counters, 0.5, 0.7,
+                                          max_norm)
     assert counters.tolist() == [step, 1234]
     return weights.cpu(), [s.cpu() for s in states], gpsw.cpu()
 
@@ -946,6 +1085,42 @@ def test_gpu_wide_rows_and_unaligned_tensors(optimizer, weights):
         torch.testing.assert_close(gpu[0].float(), cpu[0].float(), **t)
         for x, y in zip(gpu[1], cpu[1]):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+@requires_gpu
+@pytest.mark.parametrize("weights", FLOATS, ids=lambda w: str(w)[6:])
+def test_gpu_max_norm_matches_cpu(weights):
+    """Row-wise Adagrad's max_norm on the GPU: rows of one chunk and wider ones (several chunks), aligned and
+    unaligned, against the CPU; most looked-up rows exceed the bound."""
+    module = make_module([(30, 600), (20, 1100), (40, 36), (50, 3)], [0, 1, 2, 3, 2], PoolingMode.SUM,
+                         OptimType.EXACT_SGD, weights, seed=15)
+    indices, offsets, psw = make_inputs(module, 24, 16, weighted=True, hot=(2, 3, 2500))
+    grad = upstream(module, indices, offsets, 17)
+    optimizer = OptimType.EXACT_ROWWISE_ADAGRAD
+    for unaligned in (False, True):
+        cpu = run_backward_op(module, optimizer, indices, offsets, psw, grad, "cpu", False, max_norm=2.0)
+        gpu = run_backward_op(module, optimizer, indices, offsets, psw, grad, "cuda", unaligned, max_norm=2.0)
+        t = tol(weights) if weights != torch.float32 else dict(rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(gpu[0].float(), cpu[0].float(), **t)
+        torch.testing.assert_close(gpu[1][0], cpu[1][0], rtol=1e-4, atol=1e-6)
+
+
+@requires_gpu
+@pytest.mark.parametrize("optimizer", [OptimType.NONE, OptimType.EXACT_SGD, OptimType.PARTIAL_ROWWISE_LAMB],
+                         ids=lambda o: o.name)
+def test_gpu_gradient_clipping_matches_cpu(optimizer):
+    seed = _seed("gpu-clip", optimizer)
+    cpu, gpu = gpu_pair(PoolingMode.MEAN, optimizer, torch.float32, seed, gradient_clipping=True, max_gradient=0.3)
+    indices, offsets, psw = make_inputs(cpu, 40, seed, weighted=True)
+    grad = upstream(cpu, indices, offsets, seed + 1)
+    g_cpu = train_step(cpu, indices, offsets, psw, grad)
+    g_gpu = train_step(gpu, indices, offsets, psw, grad, device="cuda")
+    torch.testing.assert_close(g_gpu.cpu(), g_cpu, rtol=1e-5, atol=1e-5)
+    if optimizer == OptimType.NONE:
+        torch.testing.assert_close(gpu.weights.grad.to_dense().cpu(), cpu.weights.grad.to_dense(), rtol=1e-5,
+                                   atol=1e-5)
+    else:
+        torch.testing.assert_close(gpu.weights.detach().cpu(), cpu.weights.detach(), rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------

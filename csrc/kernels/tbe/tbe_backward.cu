@@ -818,7 +818,7 @@ HIPDLRM_DEVICE void load_row(const RowRef<W>& ref, std::int64_t col0, int left, 
 template <typename W, int K, OptimType kOpt>
 HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, std::int64_t col0, int left,
                                   const RowState<W, K, kOpt>& r, int k, const float (&g_in)[kVec], float multiplier,
-                                  std::uint64_t row_state) {
+                                  float factor, std::uint64_t row_state) {
   constexpr int kStates = OptimizerTraits<kOpt>::kElementStates;
   const int col = lane_col(gpu::lane_id(), k);
   if (col >= left) return;
@@ -827,12 +827,51 @@ HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, 
   if constexpr (kStates >= 1) gpu::unpack_to_float(r.m1[k], mv);
   if constexpr (kStates >= 2) gpu::unpack_to_float(r.m2[k], vv);
 #pragma unroll
-  for (int e = 0; e < kVec; ++e) next[e] = update_element<kOpt>(o, wv[e], g_in[e], multiplier, mv[e], vv[e]);
+  for (int e = 0; e < kVec; ++e) next[e] = update_element<kOpt>(o, wv[e], g_in[e], multiplier, mv[e], vv[e], factor);
   W out[kVec];
   round_vector<W>(next, o, row_state, col0 + col, out);
   store_cols(ref.w + col0, col, left, ref.w_whole, out);
   if constexpr (kStates >= 1) store_cols(ref.m1 + col0, col, left, ref.m_whole, mv);
   if constexpr (kStates >= 2) store_cols(ref.m2 + col0, col, left, ref.m_whole, vv);
+}
+
+// FBGEMM's max_norm after row-wise Adagrad's update (max_norm_scale): the lane's columns of the row as
+// stored are measured across the wave and, where the row's norm exceeds o.max_norm, loaded again, scaled and
+// rounded again (with the row's rounding bits). Runs after the update, when its registers are free; the
+// lane reads back only what it has just stored.
+template <typename W, int K>
+HIPDLRM_DEVICE void bound_row_norm(const OptimizerArgs& o, const RowRef<W>& ref, std::int64_t D,
+                                   std::uint64_t row_state) {
+  constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize * kVec;
+  const int lane = gpu::lane_id();
+  float sum_squares = 0.0f;
+  for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
+    const int left = cols_from(D, col0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float v[kVec];
+      gpu::unpack_to_float(load_cols(ref.w + col0, lane_col(lane, k), left, ref.w_whole), v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) sum_squares = fmaf(v[e], v[e], sum_squares);  // zeros past the row
+    }
+  }
+  const float scale = max_norm_scale(o, gpu::wave_reduce(sum_squares, gpu::SumOp()));
+  if (!(scale < 1.0f)) return;
+  for (std::int64_t col0 = 0; col0 < D; col0 += kChunk) {
+    const int left = cols_from(D, col0);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int col = lane_col(lane, k);
+      if (col >= left) continue;
+      float v[kVec];
+      gpu::unpack_to_float(load_cols(ref.w + col0, col, left, ref.w_whole), v);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[e] *= scale;
+      W out[kVec];
+      round_vector<W>(v, o, row_state, col0 + col, out);
+      store_cols(ref.w + col0, col, left, ref.w_whole, out);
+    }
+  }
 }
 
 // One segment (sorted positions [lo, hi), segment number s): its summed gradient written out
@@ -886,7 +925,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     const bool single = D <= kChunk;
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
-    float multiplier = o.learning_rate;
+    float multiplier = o.learning_rate, factor = 1.0f;
     float sums[kMaxRowSums] = {};
     // The row's state (momentum1 without element states, momentum2 after one), loaded early.
     float* const row_states = Traits::kElementStates == 0 ? p.momentum1 : p.momentum2;
@@ -919,6 +958,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
             for (int i = 0; i < Traits::kRowSums; ++i) sums[i] = gpu::wave_reduce(sums[i], gpu::SumOp());
             multiplier = row_multiplier<kOpt>(o, state, sums, D);
+            factor = row_factor<kOpt>(o, state);
             if constexpr (Traits::kRowState) {
               if (lane == 0) row_states[key] = state;
             }
@@ -926,8 +966,12 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
           }
         }
 #pragma unroll
-        for (int k = 0; k < K; ++k) update_vector<W, K, kOpt>(o, ref, col0, left, r, k, acc[k], multiplier, row_state);
+        for (int k = 0; k < K; ++k)
+          update_vector<W, K, kOpt>(o, ref, col0, left, r, k, acc[k], multiplier, factor, row_state);
       }
+    }
+    if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
+      if (o.max_norm > 0.0f) bound_row_norm<W, K>(o, ref, D, row_state);
     }
   }
 }
@@ -1072,6 +1116,10 @@ void launch_apply_k(const SegmentProblem& sp, DType weights_dtype, const Workspa
     case OptimType::kLamb:
       launch_apply_weights<K, OptimType::kLamb>(sp, weights_dtype, w, num_segments, max_segments, wave_size,
                                                 multiprocessors, stream);
+      break;
+    case OptimType::kPartialRowwiseLamb:
+      launch_apply_weights<K, OptimType::kPartialRowwiseLamb>(sp, weights_dtype, w, num_segments, max_segments,
+                                                              wave_size, multiprocessors, stream);
       break;
     default:
       launch_apply_weights<K, OptimType::kAdam>(sp, weights_dtype, w, num_segments, max_segments, wave_size, multiprocessors,

@@ -5,9 +5,9 @@
 // on the same values; a device compiler may still contract a multiply and an add into one fma where the host does not.
 //
 // Adding an optimizer: its code in OptimType (tbe_types.h) and Python's OptimType, its state in
-// OptimizerTraits, its update in update_element (and its terms in add_row_sums and its row step in
-// row_multiplier if it needs sums over the row), its state checks in check_optimizer_arguments, and a case
-// in the CPU and GPU dispatch switches.
+// OptimizerTraits, its update in update_element (and its terms in add_row_sums, its row step in
+// row_multiplier and any second row factor in row_factor if it needs sums over the row), its state checks in
+// check_optimizer_arguments, and a case in the CPU and GPU dispatch switches.
 #pragma once
 
 #include <cmath>
@@ -34,6 +34,7 @@ struct OptimizerArgs {
   float weight_decay = 0.0f;
   float eta = 0.0f;       // LARS's trust coefficient
   float momentum = 0.0f;  // LARS's momentum
+  float max_norm = 0.0f;  // row-wise Adagrad's bound on a row's norm after its update (0: none; max_norm_scale)
   bool stochastic_rounding = false;
   // Set by set_step:
   float bias_correction1 = 1.0f;  // 1 - beta1^step (the Adams)
@@ -43,8 +44,8 @@ struct OptimizerArgs {
 
 // The state an optimizer keeps: kElementStates fp32 tensors shaped like the weights (momentum1, then
 // momentum2), and with kRowState one fp32 per row of the row space ([total_rows]: momentum1 when there is no
-// element state, row-wise Adagrad; the next one, momentum2, after one, partial row-wise Adam). kRowSums: how
-// many sums over the row (add_row_sums) the step needs before it updates any column.
+// element state, row-wise Adagrad; the next one, momentum2, after one, partial row-wise Adam and LAMB).
+// kRowSums: how many sums over the row (add_row_sums) the step needs before it updates any column.
 template <OptimType kOpt>
 struct OptimizerTraits {
   static constexpr int kElementStates = 0;
@@ -82,6 +83,12 @@ struct OptimizerTraits<OptimType::kLamb> {
   static constexpr int kRowSums = 2;
 };
 template <>
+struct OptimizerTraits<OptimType::kPartialRowwiseLamb> {
+  static constexpr int kElementStates = 1;
+  static constexpr bool kRowState = true;
+  static constexpr int kRowSums = 4;
+};
+template <>
 struct OptimizerTraits<OptimType::kLarsSgd> {
   static constexpr int kElementStates = 1;
   static constexpr bool kRowState = false;
@@ -90,7 +97,8 @@ struct OptimizerTraits<OptimType::kLarsSgd> {
 
 // Whether the optimizer's step uses Adam's bias corrections (set_step).
 HIPDLRM_HOST_DEVICE constexpr bool uses_bias_correction(OptimType t) {
-  return t == OptimType::kAdam || t == OptimType::kPartialRowwiseAdam || t == OptimType::kLamb;
+  return t == OptimType::kAdam || t == OptimType::kPartialRowwiseAdam || t == OptimType::kLamb ||
+         t == OptimType::kPartialRowwiseLamb;
 }
 
 // ---- the row steps ----------------------------------------------------------------------------------------
@@ -98,7 +106,7 @@ HIPDLRM_HOST_DEVICE constexpr bool uses_bias_correction(OptimType t) {
 // lanes and reduces them across the wave), then turns the sums into the row's multiplier for update_element,
 // updating its per-row state on the way.
 
-constexpr int kMaxRowSums = 2;
+constexpr int kMaxRowSums = 4;
 
 // LAMB's direction for one element before the trust ratio: Adam's bias-corrected ratio from the element's
 // updated moments (m1, m2: read, and set to the updated ones), plus weight_decay * w with DECOUPLED (FBGEMM's
@@ -112,16 +120,38 @@ HIPDLRM_HOST_DEVICE float lamb_direction(const OptimizerArgs& o, float w, float 
   return r;
 }
 
+// Partial row-wise LAMB's first moment of one element: m1 set to the updated one (from the gradient g, L2
+// decay included), its bias-corrected value returned.
+HIPDLRM_HOST_DEVICE float partial_lamb_moment(const OptimizerArgs& o, float g, float& m1) {
+  m1 = o.beta1 * m1 + (1.0f - o.beta1) * g;
+  return m1 / o.bias_correction1;
+}
+
+// Partial row-wise LAMB's row factor 1 / (sqrt(bias-corrected second moment) + eps), from the row's
+// updated second moment.
+HIPDLRM_HOST_DEVICE float partial_lamb_factor(const OptimizerArgs& o, float state) {
+  return 1.0f / (sqrtf(state / o.bias_correction2) + o.eps);
+}
+
 // Adds one element's terms to the row's sums (w: its weight before the update, g: its summed gradient, m1
 // and m2: its states before the update, left unchanged). Row-wise Adagrad and partial row-wise Adam: the
 // squared gradient (L2 decay included). LARS: the squared weight and the squared gradient (decay
 // excluded: it enters the trust ratio through the weight's norm). LAMB: the squared weight and the squared
-// direction (lamb_direction).
+// direction (lamb_direction). Partial row-wise LAMB: the squared gradient (L2 decay included), the squared
+// weight, and the squared bias-corrected first moment a and a * w (partial_lamb_moment), from which
+// row_multiplier forms the norm of the direction h * a + wd * w once the row's factor h is known.
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, float m1, float m2,
                                       float (&sums)[kMaxRowSums]) {
   static_assert(OptimizerTraits<kOpt>::kRowSums > 0, "an optimizer with row sums");
-  if constexpr (kOpt == OptimType::kLamb) {
+  if constexpr (kOpt == OptimType::kPartialRowwiseLamb) {
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    const float a = partial_lamb_moment(o, g, m1);
+    sums[0] = fmaf(g, g, sums[0]);
+    sums[1] = fmaf(w, w, sums[1]);
+    sums[2] = fmaf(a, a, sums[2]);
+    sums[3] = fmaf(a, w, sums[3]);
+  } else if constexpr (kOpt == OptimType::kLamb) {
     const float r = lamb_direction(o, w, g, m1, m2);
     sums[0] = fmaf(w, w, sums[0]);
     sums[1] = fmaf(r, r, sums[1]);
@@ -143,12 +173,24 @@ HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, 
 // where FBGEMM's 0 / 0 would write NaN into the momentum).
 // LAMB (FBGEMM's LAMB; no row state): lr * |w| / |r|, the trust ratio of the row's direction r; 0 where |r|
 // is 0 (then r is 0 and the step too, where FBGEMM's 0 / 0 would write NaN into the row).
+// Partial row-wise LAMB (FBGEMM's PARTIAL_ROWWISE_LAMB): the state is the second moment of the row's mean
+// squared gradient, as partial row-wise Adam's; the direction is r = h * a + wd * w (a the bias-corrected
+// first moment, h = partial_lamb_factor, wd the DECOUPLED decay), whose squared norm is h^2 |a|^2 +
+// 2 h wd (a . w) + wd^2 |w|^2 from the sums; the multiplier is lr * |w| / |r|, 0 where |r| is 0 (as LAMB's).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, const float (&sums)[kMaxRowSums],
                                          std::int64_t D) {
   static_assert(kOpt == OptimType::kExactRowwiseAdagrad || kOpt == OptimType::kPartialRowwiseAdam ||
-                    kOpt == OptimType::kLarsSgd || kOpt == OptimType::kLamb,
+                    kOpt == OptimType::kLarsSgd || kOpt == OptimType::kLamb ||
+                    kOpt == OptimType::kPartialRowwiseLamb,
                 "an optimizer with a row step");
+  if constexpr (kOpt == OptimType::kPartialRowwiseLamb) {
+    state = o.beta2 * state + (1.0f - o.beta2) * (sums[0] / static_cast<float>(D));
+    const float h = partial_lamb_factor(o, state);
+    const float wd = o.weight_decay_mode == WeightDecayMode::kDecoupled ? o.weight_decay : 0.0f;
+    const float direction_sq = h * h * sums[2] + 2.0f * h * wd * sums[3] + wd * wd * sums[1];
+    return direction_sq > 0.0f ? o.learning_rate * (sqrtf(sums[1]) / sqrtf(direction_sq)) : 0.0f;
+  }
   if constexpr (kOpt == OptimType::kLamb) {
     const float direction_norm = sqrtf(sums[1]);
     return direction_norm > 0.0f ? o.learning_rate * (sqrtf(sums[0]) / direction_norm) : 0.0f;
@@ -169,18 +211,35 @@ HIPDLRM_HOST_DEVICE float row_multiplier(const OptimizerArgs& o, float& state, c
   }
 }
 
+// The row's second factor for update_element, from its state as row_multiplier left it: partial row-wise
+// LAMB's h (partial_lamb_factor); 1 for the others.
+template <OptimType kOpt>
+HIPDLRM_HOST_DEVICE float row_factor(const OptimizerArgs& o, float state) {
+  if constexpr (kOpt == OptimType::kPartialRowwiseLamb) return partial_lamb_factor(o, state);
+  return 1.0f;
+}
+
+// FBGEMM's max_norm (EXACT_ROWWISE_ADAGRAD, o.max_norm > 0): after the update, a row whose L2 norm, from the
+// sum of the squares of its weights as stored, exceeds max_norm is scaled by the factor returned, max_norm /
+// norm (no epsilon: the norm is > max_norm > 0 there); 1 for a row within the bound.
+HIPDLRM_HOST_DEVICE float max_norm_scale(const OptimizerArgs& o, float sum_squares) {
+  const float norm = sqrtf(sum_squares);
+  return norm > o.max_norm ? o.max_norm / norm : 1.0f;
+}
+
 // ---- the per-element update ----------------------------------------------------------------------------
 
 // The new value of one weight w from its summed gradient g. `multiplier` is the row's (row_multiplier; unused
-// by the optimizers without row sums); m1 and m2 are the element's states (read and updated: Adam both,
-// LAMB both, Adagrad, partial row-wise Adam and LARS m1; unused by the others).
+// by the optimizers without row sums) and `factor` its second factor (row_factor); m1 and m2 are the
+// element's states (read and updated: Adam both, LAMB both, Adagrad, the partial row-wise ones and LARS m1;
+// unused by the others).
 template <OptimType kOpt>
 HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float g, float multiplier, float& m1,
-                                         float& m2) {
+                                         float& m2, float factor = 1.0f) {
   static_assert(kOpt == OptimType::kExactSgd || kOpt == OptimType::kExactRowwiseAdagrad ||
                     kOpt == OptimType::kExactAdagrad || kOpt == OptimType::kAdam ||
                     kOpt == OptimType::kPartialRowwiseAdam || kOpt == OptimType::kLarsSgd ||
-                    kOpt == OptimType::kLamb,
+                    kOpt == OptimType::kLamb || kOpt == OptimType::kPartialRowwiseLamb,
                 "an optimizer with an update");
   if constexpr (kOpt == OptimType::kExactSgd) {
     // Decoupled decay is the same step for SGD: w - lr * (g + wd * w).
@@ -201,6 +260,12 @@ HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float 
   } else if constexpr (kOpt == OptimType::kLamb) {
     // The direction at the row's trust-ratio step (multiplier).
     return w - multiplier * lamb_direction(o, w, g, m1, m2);
+  } else if constexpr (kOpt == OptimType::kPartialRowwiseLamb) {
+    // The direction h * a (+ wd * w with DECOUPLED) at the row's trust-ratio step (multiplier), h = factor.
+    if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
+    float r = partial_lamb_moment(o, g, m1) * factor;
+    if (o.weight_decay_mode == WeightDecayMode::kDecoupled) r = fmaf(o.weight_decay, w, r);
+    return w - multiplier * r;
   } else if constexpr (kOpt == OptimType::kLarsSgd) {
     // Momentum SGD at the row's LARS learning rate (multiplier), on the L2-decayed gradient.
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);

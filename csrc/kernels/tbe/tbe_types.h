@@ -17,7 +17,7 @@ enum class PoolingMode : int { kSum = 0, kMean = 1, kNone = 2 };
 // The update fused into the backward. kNone fuses none: the backward writes each row's summed gradient
 // instead (the sparse gradient that tbe_backward_sparse returns).
 enum class OptimType : int { kNone = 0, kExactSgd = 1, kExactRowwiseAdagrad = 2, kAdam = 3, kExactAdagrad = 4,
-                            kPartialRowwiseAdam = 5, kLarsSgd = 6, kLamb = 7 };
+                            kPartialRowwiseAdam = 5, kLarsSgd = 6, kLamb = 7, kPartialRowwiseLamb = 8 };
 
 // L2 adds weight_decay * w to the gradient; kDecoupled subtracts learning_rate * weight_decay * w from
 // the weight after the update (AdamW's form).

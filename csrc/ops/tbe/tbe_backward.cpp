@@ -145,14 +145,15 @@ W round_weight(float v, const OptimizerArgs& o, std::uint64_t row_state, std::in
 }
 
 // Applies optimizer kOpt to one row given its summed gradient g[0, D): the update of tbe_optimizer.h,
-// column by column. `row_offset` is the row's element offset (the index of its per-element states), `key`
-// its row number (the index of its per-row state).
+// column by column, then (row-wise Adagrad with max_norm) the row's max-norm scaling of its stored weights,
+// rounded again. `row_offset` is the row's element offset (the index of its per-element states), `key` its
+// row number (the index of its per-row state).
 template <typename W, OptimType kOpt>
 void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_offset, std::uint64_t key,
                const float* g, float* momentum1, float* momentum2) {
   using Traits = ktbe::OptimizerTraits<kOpt>;
   constexpr int kStates = Traits::kElementStates;
-  float multiplier = o.learning_rate;
+  float multiplier = o.learning_rate, factor = 1.0f;
   if constexpr (Traits::kRowSums > 0) {
     float sums[ktbe::kMaxRowSums] = {};
     for (std::int64_t d = 0; d < D; ++d) {
@@ -163,14 +164,28 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
     float no_row_state = 0.0f;
     float& state = !Traits::kRowState ? no_row_state : kStates == 0 ? momentum1[key] : momentum2[key];
     multiplier = ktbe::row_multiplier<kOpt>(o, state, sums, D);
+    factor = ktbe::row_factor<kOpt>(o, state);
   }
   const std::uint64_t row_state = ktbe::rounding_row_state_from(o.rounding_step_state, key);
   float no_state = 0.0f;
   for (std::int64_t d = 0; d < D; ++d) {
     float& m1 = kStates >= 1 ? momentum1[row_offset + d] : no_state;
     float& m2 = kStates >= 2 ? momentum2[row_offset + d] : no_state;
-    const float next = ktbe::update_element<kOpt>(o, static_cast<float>(row[d]), g[d], multiplier, m1, m2);
+    const float next = ktbe::update_element<kOpt>(o, static_cast<float>(row[d]), g[d], multiplier, m1, m2, factor);
     row[d] = round_weight<W>(next, o, row_state, d);
+  }
+  if constexpr (kOpt == OptimType::kExactRowwiseAdagrad) {
+    if (o.max_norm > 0.0f) {
+      float sum_squares = 0.0f;
+      for (std::int64_t d = 0; d < D; ++d) {
+        const float v = static_cast<float>(row[d]);
+        sum_squares = std::fma(v, v, sum_squares);
+      }
+      const float scale = ktbe::max_norm_scale(o, sum_squares);
+      if (scale < 1.0f) {
+        for (std::int64_t d = 0; d < D; ++d) row[d] = round_weight<W>(static_cast<float>(row[d]) * scale, o, row_state, d);
+      }
+    }
   }
 }
 
@@ -305,6 +320,9 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
         break;
       case OptimType::kLarsSgd: apply_rows<scalar_t, OptimType::kLarsSgd>(p, o, w, m1, m2); break;
       case OptimType::kLamb: apply_rows<scalar_t, OptimType::kLamb>(p, o, w, m1, m2); break;
+      case OptimType::kPartialRowwiseLamb:
+        apply_rows<scalar_t, OptimType::kPartialRowwiseLamb>(p, o, w, m1, m2);
+        break;
       case OptimType::kNone: break;  // rejected by check_optimizer_arguments
     }
   });
@@ -350,7 +368,7 @@ void define_backward(torch::Library& m) {
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
       "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
       "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters, float eta=0.001, "
-      "float momentum=0.9) -> Tensor");
+      "float momentum=0.9, float max_norm=0.0) -> Tensor");
   m.def(
       "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
@@ -410,6 +428,7 @@ BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit:
   a.optimizer_counters = s["optimizer_counters"].toTensor();
   a.eta = s["eta"].toDouble();
   a.momentum = s["momentum"].toDouble();
+  a.max_norm = s["max_norm"].toDouble();
   return a;
 }
 
@@ -456,9 +475,9 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   TORCH_CHECK(optimizer == code(OptimType::kExactSgd) || optimizer == code(OptimType::kExactRowwiseAdagrad) ||
                   optimizer == code(OptimType::kAdam) || optimizer == code(OptimType::kExactAdagrad) ||
                   optimizer == code(OptimType::kPartialRowwiseAdam) || optimizer == code(OptimType::kLarsSgd) ||
-                  optimizer == code(OptimType::kLamb),
+                  optimizer == code(OptimType::kLamb) || optimizer == code(OptimType::kPartialRowwiseLamb),
               "tbe_backward: optimizer must be 1 (EXACT_SGD), 2 (EXACT_ROWWISE_ADAGRAD), 3 (ADAM), 4 (EXACT_ADAGRAD), "
-              "5 (PARTIAL_ROWWISE_ADAM), 6 (LARS_SGD) or 7 (LAMB), got ", optimizer);
+              "5 (PARTIAL_ROWWISE_ADAM), 6 (LARS_SGD), 7 (LAMB) or 8 (PARTIAL_ROWWISE_LAMB), got ", optimizer);
   TORCH_CHECK(a.weight_decay_mode >= static_cast<std::int64_t>(ktbe::WeightDecayMode::kNone) &&
                   a.weight_decay_mode <= static_cast<std::int64_t>(ktbe::WeightDecayMode::kDecoupled),
               "tbe_backward: weight_decay_mode must be 0 (NONE), 1 (L2) or 2 (DECOUPLED), got ", a.weight_decay_mode);
@@ -467,6 +486,11 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   TORCH_CHECK(std::isfinite(eps) && std::isfinite(beta1) && std::isfinite(beta2), "tbe_backward: eps (", eps,
               "), beta1 (", beta1, ") and beta2 (", beta2, ") must be finite");
   const OptimType opt = static_cast<OptimType>(optimizer);
+  TORCH_CHECK(std::isfinite(a.max_norm) && a.max_norm >= 0.0, "tbe_backward: max_norm must be a finite number >= 0 "
+              "(0: no bound), got ", a.max_norm);
+  TORCH_CHECK(a.max_norm == 0.0 || opt == OptimType::kExactRowwiseAdagrad, "tbe_backward: max_norm (", a.max_norm,
+              ") bounds the rows of EXACT_ROWWISE_ADAGRAD only (as FBGEMM's), got optimizer ", optimizer,
+              "; pass max_norm=0");
   if (opt == OptimType::kExactSgd) {
     check_state("momentum1", a.momentum1, weights, 0, "EXACT_SGD keeps no state");
     check_state("momentum2", a.momentum2, weights, 0, "EXACT_SGD keeps no state");
@@ -514,6 +538,7 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
   o.weight_decay = static_cast<float>(a.weight_decay);
   o.eta = static_cast<float>(a.eta);
   o.momentum = static_cast<float>(a.momentum);
+  o.max_norm = static_cast<float>(a.max_norm);
   o.stochastic_rounding = a.stochastic_rounding;
   return o;
 }

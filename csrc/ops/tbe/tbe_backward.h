@@ -33,7 +33,8 @@ struct BackwardArgs {
   // The fused optimizer (tbe_backward only).
   std::int64_t optimizer = 0;
   at::Tensor momentum1, momentum2;
-  double learning_rate = 0.0, eps = 0.0, beta1 = 0.0, beta2 = 0.0, weight_decay = 0.0, eta = 0.0, momentum = 0.0;
+  double learning_rate = 0.0, eps = 0.0, beta1 = 0.0, beta2 = 0.0, weight_decay = 0.0, eta = 0.0, momentum = 0.0,
+         max_norm = 0.0;
   std::int64_t weight_decay_mode = 0;
   bool stochastic_rounding = false;
   at::Tensor optimizer_counters;  // int64 [step, seed], mutated: the op adds 1 to step and uses the new value

@@ -171,7 +171,8 @@ std::string tbe_enum(c10::string_view name) {
            ",EXACT_ROWWISE_ADAGRAD=" + code(ktbe::OptimType::kExactRowwiseAdagrad) +
            ",ADAM=" + code(ktbe::OptimType::kAdam) + ",EXACT_ADAGRAD=" + code(ktbe::OptimType::kExactAdagrad) +
            ",PARTIAL_ROWWISE_ADAM=" + code(ktbe::OptimType::kPartialRowwiseAdam) +
-           ",LARS_SGD=" + code(ktbe::OptimType::kLarsSgd) + ",LAMB=" + code(ktbe::OptimType::kLamb);
+           ",LARS_SGD=" + code(ktbe::OptimType::kLarsSgd) + ",LAMB=" + code(ktbe::OptimType::kLamb) +
+           ",PARTIAL_ROWWISE_LAMB=" + code(ktbe::OptimType::kPartialRowwiseLamb);
   if (name == "WeightDecayMode")
     return "NONE=" + code(ktbe::WeightDecayMode::kNone) + ",L2=" + code(ktbe::WeightDecayMode::kL2) +
            ",DECOUPLED=" + code(ktbe::WeightDecayMode::kDecoupled);
