@@ -160,9 +160,10 @@ def close(got: torch.Tensor, want: torch.Tensor, device: str, what: str, loose: 
     got = got.detach().double().cpu()
     want = want.detach().double().cpu()
     assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
-    if loose and device != "cpu":  # GPU attention in fp32 may use reduced-precision matrix units
-        mag = float(want.abs().max()) if want.numel() else 0.0
-        torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-2 * max(mag, 1e-3), equal_nan=True,
+    if loose and device != "cpu":  # GPU attention runs in bf16 (fp32 accumulation, one rounding of the output)
+        finite = want[torch.isfinite(want)]
+        mag = float(finite.abs().max()) if finite.numel() else 0.0
+        torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * max(mag, 1e-3), equal_nan=True,
                                    msg=lambda m: f"{what}: {m}")
     else:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True, msg=lambda m: f"{what}: {m}")
@@ -861,10 +862,17 @@ def hstu_reference(q, k, v, offsets, max_seq_len, alpha=ALPHA, num_targets=None)
     return out
 
 
+def attention_dtype(device):
+    """bf16 on the GPU: fp32 and fp64 take the composite path there, which checks the offsets on the host
+    (docs/attention.md); the kernels, and their device-side checks, run for bf16 and fp16."""
+    return torch.float32 if device == "cpu" else torch.bfloat16
+
+
 def _qkv(L, seed=30, device="cpu", dv=D):
     g = gen(seed)
-    return (torch.randn(L, H, D, generator=g).to(device), torch.randn(L, H, D, generator=g).to(device),
-            torch.randn(L, H, dv, generator=g).to(device))
+    dt = attention_dtype(device)
+    return (torch.randn(L, H, D, generator=g).to(device, dt), torch.randn(L, H, D, generator=g).to(device, dt),
+            torch.randn(L, H, dv, generator=g).to(device, dt))
 
 
 def _hstu_case(offsets, L, max_len, num_targets=None, backward=False, raw_bwd=False, patch=None, view=None,
@@ -881,7 +889,7 @@ def _hstu_case(offsets, L, max_len, num_targets=None, backward=False, raw_bwd=Fa
         if off_view is not None:
             off = off_view(off)
         nt = None if num_targets is None else torch.tensor(num_targets, device=device)
-        grad = torch.randn(L, H, D, generator=gen(31)).to(device)
+        grad = torch.randn(L, H, D, generator=gen(31)).to(device, attention_dtype(device))
         if raw_bwd:
             grads = torch.ops.hipdlrm.hstu_mha_bwd(max_len, ALPHA, grad, q, k, v, off, True, nt, None, None, 0, 0,
                                                    None, False)
@@ -1036,7 +1044,7 @@ def _gdpa_case(q_off, kv_off, Lq, Lkv, mq, mkv, backward=False, raw_bwd=False, p
             q, k, v = view(q), view(k), view(v)
         qo = torch.tensor(q_off, dtype=off_dtype, device=device)
         ko = torch.tensor(kv_off, dtype=off_dtype, device=device)
-        grad = torch.randn(Lq, H, D, generator=gen(52)).to(device)
+        grad = torch.randn(Lq, H, D, generator=gen(52)).to(device, attention_dtype(device))
         if raw_bwd:
             grads = torch.ops.hipdlrm.gdpa_bwd(grad, q, k, v, qo, ko, mq, mkv, "gelu", QK_SCALE, None, False)
             return q, k, v, qo, ko, None, grad, grads
