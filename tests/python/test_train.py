@@ -627,7 +627,7 @@ def test_gpu_cuda_graph_hstu_training_matches_eager(monkeypatch):
     graphs sharing one memory pool). The attention and scatter backward passes add with atomics, so the
     comparison allows their reordering's rounding."""
     flags = ["--device", "cuda", "--model", "hstu", "--steps", "16", "--graph-buckets", "3"]
-    args = T.parse_args(flags)
+    args = T.parse_args(flags + ["--cuda-graph"])
     data = T.make_data(args, torch.device("cuda"))
     buckets = data_mod.HstuBuckets(data, args.graph_buckets)
     assert len({buckets.pad(data.batch(s))[0] for s in range(3, 16)}) >= 2
