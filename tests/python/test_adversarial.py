@@ -205,7 +205,7 @@ def _gis_bad_forward(bad_values, dtype=torch.int64, position=1):
 
 
 def _gis_msg(member, pos, value, rows):
-    return (rf"group_index_select_dim0(_backward| \\(backward\\))?: indices_group\[{member}\]\[{pos}\] = {value} is out of range for "
+    return (rf"group_index_select_dim0(_backward| \(backward\))?: indices_group\[{member}\]\[{pos}\] = {value} is out of range for "
             rf"input_group\[{member}\], which has {rows} rows")
 
 
