@@ -63,9 +63,9 @@ EXPECT = [
     dict(match=r"^convert_grad_q_kernel<", min_waves=4, no_atomics=True,
          reason="a streaming fp32 -> 16-bit conversion: waves hide the loads"),
     dict(match=r"^validate_offsets_kernel\b", min_waves=4, max_atomics=9,
-         reason="one thread per sequence; each failed check (five for the query offsets, four for the key "
-                "offsets, inlined apart) claims the device error record with one compare-and-swap, error "
-                "path only"),
+         reason="one block striding over the sequences, a block minimum per check (the CPU's first error); "
+                "each recorded error (four checks per offsets tensor, inlined apart, and num_targets) claims "
+                "the device error record with one compare-and-swap, error path only"),
     # -- bounds check --
     dict(match=r"^prepare_offsets_kernel<", min_waves=4, max_atomics=2,
          reason="one thread per bag, memory bound: waves hide the offsets' latency; one count atomic and "

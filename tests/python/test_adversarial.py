@@ -802,15 +802,15 @@ def _raw_backward(idx_vals, off_vals, grad_fn=None, dtype=torch.int64):
     return run, check
 
 
-# The CPU backward's value errors currently name tbe_forward (it shares the forward's value check): the
-# regex accepts either op name; the argument, position and value are asserted.
+# The CPU backward's value errors name tbe_backward (the value check it shares with the forward takes the
+# op's name); the argument, position and value are asserted.
 for name, iv, ov, dt, msg in [
-    ("idx_oob", _with(TBE_IDX, 1, 5), TBE_OFF, torch.int64, r"tbe_\w+: indices\[1\] = 5 \(feature 0, bag 0\)"),
+    ("idx_oob", _with(TBE_IDX, 1, 5), TBE_OFF, torch.int64, r"tbe_backward: indices\[1\] = 5 \(feature 0, bag 0\)"),
     ("idx_negative_2p40", _with(TBE_IDX, 4, -BIG), TBE_OFF, torch.int64,
-     rf"tbe_\w+: indices\[4\] = {-BIG} \(feature 1, bag 0\)"),
+     rf"tbe_backward: indices\[4\] = {-BIG} \(feature 1, bag 0\)"),
     ("idx_int32_max", _with(TBE_IDX, 2, I32_MAX), TBE_OFF, torch.int32,
-     rf"tbe_\w+: indices\[2\] = {I32_MAX} \(feature 0, bag 1\)"),
-    ("off_past_end", TBE_IDX, [0, 2, 3, 5, 9], torch.int64, r"tbe_\w+: the last offset is 9"),
+     rf"tbe_backward: indices\[2\] = {I32_MAX} \(feature 0, bag 1\)"),
+    ("off_past_end", TBE_IDX, [0, 2, 3, 5, 9], torch.int64, r"tbe_backward: the last offset is 9"),
 ]:
     r, c = _raw_backward(iv, ov, dtype=dt)
     case(id=f"tbe_raw_bwd_{name}", family="tbe", run=r, cpu=msg, gpu=None, check=c)

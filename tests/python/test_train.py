@@ -624,18 +624,25 @@ def test_gpu_cuda_graph_hstu_training_matches_eager(monkeypatch):
     """--cuda-graph with --model hstu: bounds check, TBE forward and fused backward, grouped index select,
     HSTU attention forward and backward and the dense layers, captured once per token bucket and
     replayed, train as the same padded steps run eagerly. The batches fall in several buckets (several
-    graphs sharing one memory pool). The attention and scatter backward passes add with atomics, so the
-    comparison allows their reordering's rounding."""
-    flags = ["--device", "cuda", "--model", "hstu", "--steps", "16", "--graph-buckets", "3"]
-    args = T.parse_args(flags + ["--cuda-graph"])
-    data = T.make_data(args, torch.device("cuda"))
-    buckets = data_mod.HstuBuckets(data, args.graph_buckets)
-    assert len({buckets.pad(data.batch(s))[0] for s in range(3, 16)}) >= 2
-    eager, graph = _graphed_vs_eager(monkeypatch, flags)
-    assert len(graph.history.loss) == 16
-    torch.testing.assert_close(torch.tensor(graph.history.loss), torch.tensor(eager.history.loss), rtol=1e-3, atol=1e-4)
+    graphs sharing one memory pool). The attention's dQ and the scatter backward add with atomics, so two
+    eager runs differ in their last bits too; row-wise Adagrad (lr 0.2) and Adam turn such differences
+    into diverging trajectories within a few dozen steps (on the CPU, a 1e-7 relative change of the
+    initial dense weights moves the tables by 1e-5 after 10 steps and by 4e-2 after 16). So the runs are
+    short (3 eager warm-up steps, 5 replayed) and the attention runs in fp32, where no bf16 rounding
+    magnifies the reordering."""
+    flags = ["--device", "cuda", "--model", "hstu", "--steps", "8", "--attn-dtype", "float32"]
+    data = T.make_data(T.parse_args(flags), torch.device("cuda"))
+    batches = [data.batch(s) for s in range(3, 8)]
+    # the fewest buckets for which the replayed steps need at least two graphs
+    count = next((n for n in (3, 4, 6, 8, 12, 16, 24, 32)
+                  if len({data_mod.HstuBuckets(data, n).pad(b)[0] for b in batches}) >= 2), None)
+    assert count is not None, "the replayed batches fall in one bucket for every bucket count tried"
+    eager, graph = _graphed_vs_eager(monkeypatch, flags + ["--graph-buckets", str(count)])
+    assert len(graph.history.loss) == 8
+    torch.testing.assert_close(torch.tensor(graph.history.loss), torch.tensor(eager.history.loss), rtol=1e-4, atol=1e-5)
     for key, value in eager.checkpoint_state["model"].items():
-        torch.testing.assert_close(graph.checkpoint_state["model"][key], value, rtol=1e-3, atol=1e-4, msg=key)
+        torch.testing.assert_close(graph.checkpoint_state["model"][key], value, rtol=1e-3, atol=1e-4,
+                                   msg=lambda m, key=key: f"{key}: {m}")
 
 
 @requires_hstu

@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
     c->last_wrong = 0;
     c->prepare_ticket = 0;
     ws.header->abort = 0;
+    ws.header->scratch_count = 0;
     s_count = 0; s_first = kNone; s_first_start = 0; s_first_end = 0;
   }
   __syncthreads();
@@ -251,6 +252,10 @@ __global__ void __launch_bounds__(kBlock) prepare_offsets_kernel(Problem<index_t
           r->first_bad_bag_end = first_bag == kNone ? 0 : static_cast<std::int64_t>(p.offsets[first_bag + 1]);
           r->index_violations = 0;
           r->first_index_pos = -1;
+          r->first_index_value = 0;
+          r->first_index_table = -1;
+          r->first_index_bag = -1;
+          r->first_index_limit = 0;
         }
       }
       return;

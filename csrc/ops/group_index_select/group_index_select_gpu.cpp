@@ -10,7 +10,6 @@
 // indices are, so the call can be captured in a CUDA graph.
 #include <ATen/ATen.h>
 #include <ATen/cuda/EmptyTensor.h>
-#include <c10/core/TensorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
@@ -78,34 +77,14 @@ std::string format_error(const common::DeviceError& e) {
 const bool kFormatterRegistered =
     (common::register_error_formatter(common::ErrorOp::kGroupIndexSelect, &format_error), true);
 
-// Uninitialised contiguous tensors of `shapes`, dtype and device of `like`, carved from one allocation: one
-// call into the caching allocator for the whole group instead of one per member, and tensors built
-// directly rather than through the dispatcher. Each member starts on a kMemberAlign-byte boundary (the
-// allocator's own blocks are 512-byte aligned), so the kernels choose the vector widths they would for
-// separate allocations; the members never overlap. The memory goes back to the allocator when the last
-// member is freed (docs/group_index_select.md, "Per-call cost").
-constexpr std::int64_t kMemberAlign = 256;
-
+// Uninitialised contiguous tensors of `shapes`, dtype and device of `like`, one allocation each, made
+// without a pass through the dispatcher. Each member has its own storage: the schema promises outputs
+// that alias nothing (torch.compile and opcheck rely on it), and record_stream works on each.
 std::vector<at::Tensor> empty_group(const std::vector<std::vector<std::int64_t>>& shapes, const at::Tensor& like) {
-  const std::int64_t elem = like.element_size();
-  std::vector<std::int64_t> starts;  // in elements
-  starts.reserve(shapes.size());
-  std::int64_t bytes = 0;
-  for (const auto& shape : shapes) {
-    starts.push_back(bytes / elem);
-    std::int64_t n = 1;
-    for (std::int64_t d : shape) n *= d;
-    bytes += (n * elem + kMemberAlign - 1) / kMemberAlign * kMemberAlign;
-  }
-  const at::Tensor buffer = at::detail::empty_cuda({bytes / elem}, like.scalar_type(), like.device(), c10::nullopt);
   std::vector<at::Tensor> out;
   out.reserve(shapes.size());
-  for (std::size_t k = 0; k < shapes.size(); ++k) {
-    auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(buffer.storage()), buffer.key_set(), buffer.dtype());
-    impl->set_storage_offset(starts[k]);
-    impl->set_sizes_contiguous(shapes[k]);
-    out.emplace_back(std::move(impl));
-  }
+  for (const auto& shape : shapes)
+    out.push_back(at::detail::empty_cuda(shape, like.scalar_type(), like.device(), c10::nullopt));
   return out;
 }
 
@@ -179,7 +158,6 @@ std::vector<at::Tensor> backward_gpu(at::TensorList grad_output_group, at::Tenso
   std::vector<std::vector<std::int64_t>> shapes;
   shapes.reserve(grads.size());
   for (std::size_t k = 0; k < grads.size(); ++k) shapes.push_back(with_rows(grads[k], layout.rows[k]));
-  // The zero-fill kernel stores 16 bytes at a time from the start of each member (kMemberAlign-aligned).
   std::vector<at::Tensor> grad_inputs = empty_group(shapes, grads[0]);
 
   const kgis::Pass pass = deterministic ? kgis::Pass::kDeterministic : kgis::Pass::kScatter;

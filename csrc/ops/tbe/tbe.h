@@ -19,6 +19,7 @@ void define(torch::Library& m);
 
 // Shape facts established by check_forward_arguments().
 struct ForwardShape {
+  const char* op = "tbe_forward";  // the op whose errors these are (a string literal)
   std::int64_t num_features = 0;  // T
   std::int64_t batch_size = 0;    // B
   std::int64_t num_indices = 0;   // N
@@ -34,7 +35,7 @@ ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor
                                      std::int64_t total_D, std::int64_t max_D, const at::Tensor& indices,
                                      const at::Tensor& offsets, std::int64_t pooling_mode,
                                      const std::optional<at::Tensor>& per_sample_weights,
-                                     at::ScalarType output_dtype);
+                                     at::ScalarType output_dtype, const char* op = "tbe_forward");
 
 // The output of tbe_forward, uninitialised: [B, total_D], or [N, max_D] in NONE mode.
 at::Tensor empty_forward_output(const ForwardShape& shape, std::int64_t total_D, std::int64_t max_D,

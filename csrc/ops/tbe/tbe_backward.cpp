@@ -442,7 +442,7 @@ BackwardShape check_backward_arguments(const BackwardArgs& a) {
               ": grad_output must be float32, float16 or bfloat16, got ", go);
   BackwardShape s;
   s.forward = check_forward_arguments(weights, a.weights_offsets, a.D_offsets, a.rows_per_table, a.total_D, a.max_D,
-                                      a.indices, a.offsets, a.pooling_mode, a.per_sample_weights, go);
+                                      a.indices, a.offsets, a.pooling_mode, a.per_sample_weights, go, op);
   const std::vector<std::int64_t> expected =
       s.forward.pooling_mode == PoolingMode::kNone ? std::vector<std::int64_t>{s.forward.num_indices, a.max_D}
                                                    : std::vector<std::int64_t>{s.forward.batch_size, a.total_D};

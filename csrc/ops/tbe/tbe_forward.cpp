@@ -19,25 +19,23 @@ namespace ops {
 namespace tbe {
 namespace {
 
-constexpr const char* kOp = "tbe_forward";
-
 // The element formats of weights and outputs: float32, float16, bfloat16.
 #define HIPDLRM_DISPATCH_EMBEDDING_TYPES(TYPE, NAME, ...)                     \
   AT_DISPATCH_SWITCH(TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)    \
                                      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
                                          AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
-void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& weights) {
-  TORCH_CHECK(t.device() == weights.device(), kOp, ": ", name, " is on ", t.device(), " but weights is on ",
+void check_same_device(const char* op, const at::Tensor& t, const char* name, const at::Tensor& weights) {
+  TORCH_CHECK(t.device() == weights.device(), op, ": ", name, " is on ", t.device(), " but weights is on ",
               weights.device(), "; all tensors must be on one device");
 }
 
-void check_vector(const at::Tensor& t, const char* name, at::ScalarType dtype, std::int64_t numel) {
-  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == dtype, kOp, ": ", name, " must be a 1-D ", dtype,
+void check_vector(const char* op, const at::Tensor& t, const char* name, at::ScalarType dtype, std::int64_t numel) {
+  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == dtype, op, ": ", name, " must be a 1-D ", dtype,
               " tensor, got ", t.scalar_type(), " of shape ", t.sizes());
-  TORCH_CHECK(numel < 0 || t.numel() == numel, kOp, ": ", name, " must have ", numel, " entries, got ",
+  TORCH_CHECK(numel < 0 || t.numel() == numel, op, ": ", name, " must have ", numel, " entries, got ",
               t.numel());
-  TORCH_CHECK(t.is_contiguous(), kOp, ": ", name, " must be contiguous");
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
 }
 
 bool is_float_format(at::ScalarType t) {
@@ -54,37 +52,38 @@ template <typename index_t>
 void check_values(const ForwardShape& s, const std::int64_t* wo, const std::int32_t* doff, const std::int64_t* rows,
                   std::int64_t weights_numel, std::int64_t total_D, std::int64_t max_D, const index_t* idx,
                   const index_t* off) {
+  const char* op = s.op;
   const std::int64_t T = s.num_features, B = s.batch_size, N = s.num_indices;
-  TORCH_CHECK(doff[0] == 0, kOp, ": D_offsets[0] must be 0, got ", doff[0]);
+  TORCH_CHECK(doff[0] == 0, op, ": D_offsets[0] must be 0, got ", doff[0]);
   std::int64_t widest = 0;
   for (std::int64_t t = 0; t < T; ++t) {
     const std::int64_t D = static_cast<std::int64_t>(doff[t + 1]) - doff[t];
-    TORCH_CHECK(D >= 1, kOp, ": D_offsets must be increasing (every dim >= 1), but feature ", t, " has dim ", D);
+    TORCH_CHECK(D >= 1, op, ": D_offsets must be increasing (every dim >= 1), but feature ", t, " has dim ", D);
     widest = std::max(widest, D);
-    TORCH_CHECK(rows[t] >= 0, kOp, ": rows_per_table[", t, "] = ", rows[t], " is negative");
-    TORCH_CHECK(wo[t] >= 0 && wo[t] <= weights_numel && rows[t] <= (weights_numel - wo[t]) / D, kOp,
+    TORCH_CHECK(rows[t] >= 0, op, ": rows_per_table[", t, "] = ", rows[t], " is negative");
+    TORCH_CHECK(wo[t] >= 0 && wo[t] <= weights_numel && rows[t] <= (weights_numel - wo[t]) / D, op,
                 ": feature ", t, "'s table (weights_offsets[", t, "] = ", wo[t], ", ", rows[t], " rows x ", D,
                 ") does not fit in weights (", weights_numel, " elements)");
-    TORCH_CHECK(s.pooling_mode != PoolingMode::kNone || D == max_D, kOp,
+    TORCH_CHECK(s.pooling_mode != PoolingMode::kNone || D == max_D, op,
                 ": in NONE pooling mode every feature must have dim max_D = ", max_D, ", but feature ", t,
                 " has dim ", D);
   }
-  TORCH_CHECK(doff[T] == total_D, kOp, ": total_D = ", total_D, " but D_offsets[-1] = ", doff[T]);
-  TORCH_CHECK(widest == max_D, kOp, ": max_D = ", max_D, " but the widest feature has dim ", widest);
+  TORCH_CHECK(doff[T] == total_D, op, ": total_D = ", total_D, " but D_offsets[-1] = ", doff[T]);
+  TORCH_CHECK(widest == max_D, op, ": max_D = ", max_D, " but the widest feature has dim ", widest);
 
-  TORCH_CHECK(off[0] >= 0, kOp, ": offsets[0] = ", static_cast<std::int64_t>(off[0]), " is negative");
+  TORCH_CHECK(off[0] >= 0, op, ": offsets[0] = ", static_cast<std::int64_t>(off[0]), " is negative");
   for (std::int64_t g = 0; g < T * B; ++g) {
-    TORCH_CHECK(off[g + 1] >= off[g], kOp, ": offsets must be non-decreasing, but offsets[", g + 1, "] = ",
+    TORCH_CHECK(off[g + 1] >= off[g], op, ": offsets must be non-decreasing, but offsets[", g + 1, "] = ",
                 static_cast<std::int64_t>(off[g + 1]), " < offsets[", g, "] = ", static_cast<std::int64_t>(off[g]),
                 " (feature ", g / B, ", bag ", g % B, ")");
   }
-  TORCH_CHECK(off[T * B] <= N, kOp, ": the last offset is ", static_cast<std::int64_t>(off[T * B]),
+  TORCH_CHECK(off[T * B] <= N, op, ": the last offset is ", static_cast<std::int64_t>(off[T * B]),
               " but indices has only ", N, " entries");
   for (std::int64_t g = 0; g < T * B; ++g) {
     const std::int64_t t = g / B;
     for (std::int64_t i = off[g]; i < static_cast<std::int64_t>(off[g + 1]); ++i) {
       const std::int64_t v = idx[i];
-      TORCH_CHECK(v == -1 || (v >= 0 && v < rows[t]), kOp, ": indices[", i, "] = ", v, " (feature ", t, ", bag ",
+      TORCH_CHECK(v == -1 || (v >= 0 && v < rows[t]), op, ": indices[", i, "] = ", v, " (feature ", t, ", bag ",
                   g % B, ") is not in [0, ", rows[t], ") nor -1 (a pruned row); run bounds_check_indices first");
     }
   }
@@ -194,47 +193,48 @@ ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor
                                      std::int64_t total_D, std::int64_t max_D, const at::Tensor& indices,
                                      const at::Tensor& offsets, std::int64_t pooling_mode,
                                      const std::optional<at::Tensor>& per_sample_weights,
-                                     at::ScalarType output_dtype) {
-  TORCH_CHECK(pooling_mode >= 0 && pooling_mode <= 2, kOp, ": pooling_mode must be 0 (SUM), 1 (MEAN) or 2 (NONE), got ",
+                                     at::ScalarType output_dtype, const char* op) {
+  TORCH_CHECK(pooling_mode >= 0 && pooling_mode <= 2, op, ": pooling_mode must be 0 (SUM), 1 (MEAN) or 2 (NONE), got ",
               pooling_mode);
-  TORCH_CHECK(weights.dim() == 1 && is_float_format(weights.scalar_type()), kOp,
+  TORCH_CHECK(weights.dim() == 1 && is_float_format(weights.scalar_type()), op,
               ": weights must be a 1-D float32, float16 or bfloat16 tensor (every table, flat), got ",
               weights.scalar_type(), " of shape ", weights.sizes());
-  TORCH_CHECK(weights.is_contiguous(), kOp, ": weights must be contiguous");
-  TORCH_CHECK(is_float_format(output_dtype), kOp, ": output_dtype must be float32, float16 or bfloat16, got ",
+  TORCH_CHECK(weights.is_contiguous(), op, ": weights must be contiguous");
+  TORCH_CHECK(is_float_format(output_dtype), op, ": output_dtype must be float32, float16 or bfloat16, got ",
               output_dtype);
   const std::int64_t T = weights_offsets.numel();
-  TORCH_CHECK(T >= 1, kOp, ": there must be at least one feature (weights_offsets is empty)");
-  check_vector(weights_offsets, "weights_offsets", at::kLong, T);
-  check_vector(D_offsets, "D_offsets", at::kInt, T + 1);
-  check_vector(rows_per_table, "rows_per_table", at::kLong, T);
-  TORCH_CHECK(indices.dim() == 1 && (indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong), kOp,
+  TORCH_CHECK(T >= 1, op, ": there must be at least one feature (weights_offsets is empty)");
+  check_vector(op, weights_offsets, "weights_offsets", at::kLong, T);
+  check_vector(op, D_offsets, "D_offsets", at::kInt, T + 1);
+  check_vector(op, rows_per_table, "rows_per_table", at::kLong, T);
+  TORCH_CHECK(indices.dim() == 1 && (indices.scalar_type() == at::kInt || indices.scalar_type() == at::kLong), op,
               ": indices must be a 1-D int32 or int64 tensor, got ", indices.scalar_type(), " of shape ",
               indices.sizes());
-  TORCH_CHECK(indices.is_contiguous(), kOp, ": indices must be contiguous");
-  TORCH_CHECK(offsets.dim() == 1 && offsets.scalar_type() == indices.scalar_type(), kOp,
+  TORCH_CHECK(indices.is_contiguous(), op, ": indices must be contiguous");
+  TORCH_CHECK(offsets.dim() == 1 && offsets.scalar_type() == indices.scalar_type(), op,
               ": offsets must be a 1-D tensor of indices' dtype (", indices.scalar_type(), "), got ",
               offsets.scalar_type(), " of shape ", offsets.sizes());
-  TORCH_CHECK(offsets.is_contiguous(), kOp, ": offsets must be contiguous");
-  TORCH_CHECK(offsets.numel() >= 1 && (offsets.numel() - 1) % T == 0, kOp, ": offsets must have T * B + 1 entries ",
+  TORCH_CHECK(offsets.is_contiguous(), op, ": offsets must be contiguous");
+  TORCH_CHECK(offsets.numel() >= 1 && (offsets.numel() - 1) % T == 0, op, ": offsets must have T * B + 1 entries ",
               "(T = ", T, " features), got ", offsets.numel());
-  TORCH_CHECK(total_D >= 0 && total_D <= INT32_MAX, kOp, ": total_D must be in [0, 2^31), got ", total_D);
-  TORCH_CHECK(max_D >= 0 && max_D <= total_D, kOp, ": max_D must be in [0, total_D = ", total_D, "], got ", max_D);
-  check_same_device(weights_offsets, "weights_offsets", weights);
-  check_same_device(D_offsets, "D_offsets", weights);
-  check_same_device(rows_per_table, "rows_per_table", weights);
-  check_same_device(indices, "indices", weights);
-  check_same_device(offsets, "offsets", weights);
+  TORCH_CHECK(total_D >= 0 && total_D <= INT32_MAX, op, ": total_D must be in [0, 2^31), got ", total_D);
+  TORCH_CHECK(max_D >= 0 && max_D <= total_D, op, ": max_D must be in [0, total_D = ", total_D, "], got ", max_D);
+  check_same_device(op, weights_offsets, "weights_offsets", weights);
+  check_same_device(op, D_offsets, "D_offsets", weights);
+  check_same_device(op, rows_per_table, "rows_per_table", weights);
+  check_same_device(op, indices, "indices", weights);
+  check_same_device(op, offsets, "offsets", weights);
   if (per_sample_weights.has_value()) {
     const at::Tensor& w = *per_sample_weights;
-    TORCH_CHECK(w.dim() == 1 && w.scalar_type() == at::kFloat, kOp,
+    TORCH_CHECK(w.dim() == 1 && w.scalar_type() == at::kFloat, op,
                 ": per_sample_weights must be a 1-D float32 tensor, got ", w.scalar_type(), " of shape ", w.sizes());
-    TORCH_CHECK(w.numel() == indices.numel(), kOp, ": per_sample_weights must have one entry per index (",
+    TORCH_CHECK(w.numel() == indices.numel(), op, ": per_sample_weights must have one entry per index (",
                 indices.numel(), "), got ", w.numel());
-    TORCH_CHECK(w.is_contiguous(), kOp, ": per_sample_weights must be contiguous");
-    check_same_device(w, "per_sample_weights", weights);
+    TORCH_CHECK(w.is_contiguous(), op, ": per_sample_weights must be contiguous");
+    check_same_device(op, w, "per_sample_weights", weights);
   }
   ForwardShape s;
+  s.op = op;
   s.num_features = T;
   s.batch_size = (offsets.numel() - 1) / T;
   s.num_indices = indices.numel();

@@ -182,18 +182,21 @@ class HstuBatch:
 class HstuBuckets:
     """Fixed shapes for HSTU batches, which a captured CUDA graph needs (``--cuda-graph``).
 
-    A batch's token count L is rounded up to the capacity of its bucket: ``buckets`` capacities evenly
-    spaced from the fewest tokens a batch can have to the most (``batch_size * max_seq_len``), plus the
-    fewest itself. The tokens in excess become padding: one lookup each (of row 0), gathered into
-    ``pad_sequences`` extra sequences of at most ``pad_len`` tokens, with no targets, placed after the
-    users' sequences (so every user token, candidate and label keeps its row). The padding sequences
-    attend only to themselves, feed no loss and get exactly zero gradients: a padded batch trains the
-    model as the batch does (up to the rounding of reductions over more rows), and the fused optimizer
-    leaves row 0 unchanged by the padding lookups (a zero gradient row is no update for the optimizers
-    without weight decay that the example uses).
+    A batch's token count L is rounded up to the capacity of its bucket. A batch sums ``batch_size``
+    independent history lengths, so its token count lies close to the mean: ``buckets`` capacities
+    evenly spaced over the mean +- 3 standard deviations of that sum (clipped to the fewest and most
+    tokens a batch can have), with its lower end as bucket 0 and one more bucket of the most tokens
+    (``batch_size * max_seq_len``) for the rare batch beyond. The tokens in excess become padding: one
+    lookup each (of row 0), gathered into extra sequences of at most ``pad_len`` tokens (as many as the
+    bucket can need), with no targets, placed after the users' sequences (so every user token,
+    candidate and label keeps its row). The padding sequences attend only to themselves, feed no loss
+    and get exactly zero gradients: a padded batch trains the model as the batch does (up to the
+    rounding of reductions over more rows), and the fused optimizer leaves row 0 unchanged by the
+    padding lookups (a zero gradient row is no update for the optimizers without weight decay that the
+    example uses).
 
-    Every padded batch has ``users + pad_sequences`` sequences; its tensors' shapes depend only on its
-    bucket: one graph per bucket replays any batch of that bucket.
+    A padded batch's tensors' shapes depend only on its bucket: one graph per bucket replays any batch
+    of that bucket, and a bucket's graph is captured when its first batch comes.
     """
 
     def __init__(self, data: "HstuData", buckets: int = 8, pad_len: int = 64) -> None:
@@ -201,24 +204,31 @@ class HstuBuckets:
             raise ValueError(f"buckets must be >= 1, got {buckets}")
         B, C = data.batch_size, data.num_targets
         self.fewest = B * (data.min_history + C)
-        most = B * data.max_seq_len
-        self.width = max(1, math.ceil((most - self.fewest) / buckets))
-        self.count = buckets if most > self.fewest else 0
+        self.most = B * data.max_seq_len
+        n = data.max_history - data.min_history + 1  # history lengths: uniform integers over n values
+        mean = B * ((data.min_history + data.max_history) / 2 + C)
+        sd = math.sqrt(B * (n * n - 1) / 12)
+        self.lo = max(self.fewest, math.floor(mean - 3 * sd))
+        hi = min(self.most, math.ceil(mean + 3 * sd))
+        self.width = max(1, math.ceil((hi - self.lo) / buckets))
+        self.count = min(buckets, math.ceil((self.most - self.lo) / self.width))  # the spaced buckets 1..count
         self.pad_len = max(1, min(pad_len, data.max_seq_len))
-        self.pad_sequences = math.ceil((self.width - 1) / self.pad_len) if self.count else 0
 
     def bucket(self, tokens: int) -> int:
-        """The bucket of a batch of ``tokens`` tokens: 0 (exactly the fewest) .. count."""
-        if tokens < self.fewest:
-            raise ValueError(f"a batch of {tokens} tokens is below the fewest ({self.fewest}) its data can have")
-        k = math.ceil((tokens - self.fewest) / self.width)
-        if k > self.count:
-            raise ValueError(f"a batch of {tokens} tokens exceeds the largest bucket "
-                             f"({self.fewest + self.count * self.width} tokens)")
-        return k
+        """The bucket of a batch of ``tokens`` tokens: 0 (up to the lowest capacity) .. count + 1 (the most)."""
+        if not self.fewest <= tokens <= self.most:
+            raise ValueError(f"a batch of {tokens} tokens is outside [{self.fewest}, {self.most}], the token counts "
+                             "its data can have")
+        k = max(0, math.ceil((tokens - self.lo) / self.width))
+        return k if k <= self.count else self.count + 1
 
     def capacity(self, bucket: int) -> int:
-        return self.fewest + bucket * self.width
+        return self.most if bucket > self.count else min(self.most, self.lo + bucket * self.width)
+
+    def pad_sequences(self, bucket: int) -> int:
+        """The padding sequences of a bucket's batches: enough for its largest padding."""
+        below = self.fewest if bucket == 0 else self.capacity(bucket - 1) + 1
+        return math.ceil((self.capacity(bucket) - below) / self.pad_len)
 
     def pad(self, batch: HstuBatch) -> tuple:
         """(bucket, the batch padded to the bucket's capacity)."""
@@ -230,14 +240,15 @@ class HstuBuckets:
         i64 = dict(dtype=torch.int64, device=dev)
         # pad_len tokens per padding sequence, the rest in the last one used, the others empty; built on
         # the device from shapes only (no copy from the host, no sync)
-        ends = (torch.arange(1, self.pad_sequences + 1, **i64) * self.pad_len).clamp_(max=P)
+        S = self.pad_sequences(k)
+        ends = (torch.arange(1, S + 1, **i64) * self.pad_len).clamp_(max=P)
         pad_offsets = ends + batch.seq_offsets[-1]
         pad_tokens = torch.arange(P, **i64)
         padded = HstuBatch(
             indices=torch.cat([batch.indices, torch.zeros(P, **i64)]),
             offsets=torch.cat([batch.offsets[:-1], batch.offsets[-1:] + P]),
             seq_offsets=torch.cat([batch.seq_offsets, pad_offsets]),
-            num_targets=torch.cat([batch.num_targets, torch.zeros(self.pad_sequences, **i64)]),
+            num_targets=torch.cat([batch.num_targets, torch.zeros(S, **i64)]),
             src_rows=torch.cat([batch.src_rows, L + pad_tokens]),
             positions=torch.cat([batch.positions, pad_tokens % self.pad_len]),
             token_user=torch.cat([batch.token_user, B + pad_tokens // self.pad_len]),
