@@ -38,6 +38,7 @@ __all__ = [
     "SparseType",
     "SplitTableBatchedEmbeddingBagsCodegen",
     "WeightDecayMode",
+    "bounds_check_indices",
 ]
 
 
@@ -844,6 +845,53 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         if self.optimizer == _HipOptimType.NONE:
             raise AttributeError("OptimType.NONE keeps no step counter (FBGEMM's module has no `iter` then either)")
         return _optimizer_step_tensor(self)
+
+
+def bounds_check_indices(
+    rows_per_table: torch.Tensor,
+    indices: torch.Tensor,
+    offsets: torch.Tensor,
+    bounds_check_mode: Union[BoundsCheckMode, int],
+    warning: torch.Tensor,
+    weights: Optional[torch.Tensor] = None,
+    B_offsets: Optional[torch.Tensor] = None,
+    max_B: int = -1,
+    b_t_map: Optional[torch.Tensor] = None,
+    info_B_num_bits: int = -1,
+    info_B_mask: int = -1,
+    bounds_check_version: int = 1,
+    prefetch_pipeline: bool = False,
+) -> None:
+    """``torch.ops.fbgemm.bounds_check_indices`` with fbgemm-gpu 1.8.0's arguments, computed by hipdlrm's
+    bounds check (in place, as FBGEMM's: ``indices``, ``offsets``, ``warning`` and ``weights`` mutated).
+
+    ``bounds_check_mode``: any of FBGEMM's modes (its members, ours or their values). V2_FATAL, V2_WARNING
+    and V2_IGNORE are FBGEMM's second kernel with the first one's semantics, and run as FATAL, WARNING and
+    IGNORE (FBGEMM's CPU op checks nothing in the V2 modes; its GPU op checks). NONE runs IGNORE, as in
+    the module: nothing changes for valid input, and invalid input is repaired rather than left to fault a
+    later lookup. ``bounds_check_version`` 1 or 2 chooses between FBGEMM's two kernels; hipdlrm has one,
+    with the same result. ``b_t_map`` with ``info_B_num_bits`` / ``info_B_mask`` is FBGEMM's second
+    encoding of the variable batch sizes that ``B_offsets`` gives: it is accepted next to ``B_offsets``
+    (which hipdlrm checks with), and refused alone. ``prefetch_pipeline=True`` (FBGEMM's cache prefetch)
+    is refused: hipdlrm has no cache.
+    """
+    mode = _BOUNDS_CHECK_MODES[_coerce(BoundsCheckMode, bounds_check_mode, "bounds_check_mode")]
+    if isinstance(bounds_check_version, bool) or bounds_check_version not in (1, 2):
+        raise ValueError(f"bounds_check_version must be 1 or 2 (FBGEMM's two kernels), got {bounds_check_version!r}")
+    if prefetch_pipeline:
+        raise _unsupported("prefetch_pipeline", prefetch_pipeline, "False (hipdlrm has no cache to prefetch into)")
+    if b_t_map is not None and B_offsets is None:
+        raise _unsupported("b_t_map", "a tensor without B_offsets",
+                           "B_offsets (with max_B) for variable batch sizes; b_t_map only next to it")
+    if b_t_map is None and (info_B_num_bits != -1 or info_B_mask != -1):
+        raise ValueError("info_B_num_bits and info_B_mask describe b_t_map's encoding; pass them with b_t_map "
+                         f"(got info_B_num_bits={info_B_num_bits}, info_B_mask={info_B_mask} and no b_t_map)")
+    if b_t_map is not None and not (isinstance(b_t_map, torch.Tensor) and b_t_map.dim() == 1
+                                    and b_t_map.numel() == offsets.numel() - 1):
+        raise ValueError("b_t_map must be a 1-D tensor with one entry per bag (offsets.numel() - 1 = "
+                         f"{offsets.numel() - 1}), got {getattr(b_t_map, 'shape', type(b_t_map).__name__)}")
+    torch.ops.hipdlrm.bounds_check_indices(rows_per_table, indices, offsets, int(mode), warning, weights, B_offsets,
+                                           max_B)
 
 
 # ---- adapters ---------------------------------------------------------------------------------------------

@@ -1346,3 +1346,101 @@ def test_training_script_matches_fbgemm(tmp_path):
     for a, b in zip(ours["states"], theirs["states"]):
         for x, y in zip(a, b):
             torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+
+
+# ---- the standalone bounds check, FBGEMM's signature ------------------------------------------------------
+
+def _bc_problem(bad: bool, vbe: bool, weighted: bool, dtype=torch.int64):
+    """Two tables of 5 and 3 rows; fixed batch 2 or VBE (2 and 3 bags); bad: an index past its table's
+    rows, a negative one, and a bag running backwards."""
+    rows = torch.tensor([5, 3])
+    if vbe:
+        idx, off = [1, 4, 2, 0, 2, 1], [0, 2, 3, 4, 5, 6]
+        b_offsets, max_B = torch.tensor([0, 2, 5], dtype=torch.int32), 3
+    else:
+        idx, off = [1, 4, 2, 0, 2, 1], [0, 2, 3, 5, 6]
+        b_offsets, max_B = None, -1
+    if bad:
+        idx[1], idx[4] = 9, -2
+        off[2] = 1
+    w = torch.arange(1.0, 7.0) if weighted else None
+    return rows, torch.tensor(idx, dtype=dtype), torch.tensor(off, dtype=dtype), w, b_offsets, max_B
+
+
+def _bc_run(fn, mode, problem, **kwargs):
+    rows, idx, off, w, bo, max_B = problem
+    idx, off = idx.clone(), off.clone()
+    w = None if w is None else w.clone()
+    warning = torch.zeros(1, dtype=torch.int64)
+    fn(rows, idx, off, mode, warning, w, B_offsets=bo, max_B=max_B, **kwargs)
+    return idx, off, warning, w
+
+
+@needs_fbgemm
+@pytest.mark.parametrize("weighted", [False, True], ids=["unweighted", "weighted"])
+@pytest.mark.parametrize("vbe", [False, True], ids=["fixed", "vbe"])
+@pytest.mark.parametrize("mode", ["WARNING", "IGNORE"])
+def test_bounds_check_indices_matches_fbgemm_cpu_op(mode, vbe, weighted):
+    """hipdlrm.fbgemm.bounds_check_indices against torch.ops.fbgemm.bounds_check_indices on the CPU, on
+    valid and on repaired input: the same indices, offsets, warning count and weights afterwards."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode as FbMode
+    for bad in (False, True):
+        problem = _bc_problem(bad, vbe, weighted)
+        ours = _bc_run(hf.bounds_check_indices, getattr(hf.BoundsCheckMode, mode), problem)
+        theirs = _bc_run(torch.ops.fbgemm.bounds_check_indices, int(getattr(FbMode, mode)), problem)
+        for a, b, name in zip(ours, theirs, ["indices", "offsets", "warning", "weights"]):
+            if b is not None:
+                assert torch.equal(a, b), f"{name} (bad={bad}): hipdlrm {a.tolist()} FBGEMM {b.tolist()}"
+
+
+@needs_fbgemm
+def test_bounds_check_indices_fatal_matches_fbgemm_cpu_op():
+    """FATAL: both raise on bad input and change nothing; on valid input both pass."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode as FbMode
+    problem = _bc_problem(True, False, False)
+    with pytest.raises(RuntimeError):
+        _bc_run(torch.ops.fbgemm.bounds_check_indices, int(FbMode.FATAL), problem)
+    with pytest.raises(RuntimeError, match="bounds_check_indices"):
+        _bc_run(hf.bounds_check_indices, FbMode.FATAL, problem)
+    good = _bc_problem(False, False, False)
+    assert torch.equal(_bc_run(hf.bounds_check_indices, FbMode.FATAL, good)[0], good[1])
+
+
+@pytest.mark.parametrize("mode, same_as", [("V2_FATAL", "FATAL"), ("V2_WARNING", "WARNING"), ("V2_IGNORE", "IGNORE"),
+                                           ("NONE", "IGNORE")])
+def test_bounds_check_indices_v2_and_none_modes(mode, same_as):
+    """FBGEMM's second-kernel modes run their first-kernel twin, and NONE runs IGNORE (the module's rule);
+    bounds_check_version 2 and a b_t_map next to B_offsets change nothing."""
+    for vbe in (False, True):
+        problem = _bc_problem(mode != "V2_FATAL", vbe, True)
+        want = None
+        try:
+            want = _bc_run(hipdlrm.bounds_check_indices, same_as, problem)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match="bounds_check_indices"):
+                _bc_run(hf.bounds_check_indices, getattr(hf.BoundsCheckMode, mode), problem)
+            continue
+        extra = dict(bounds_check_version=2)
+        if vbe:
+            extra.update(b_t_map=torch.zeros(5, dtype=torch.int32), info_B_num_bits=26, info_B_mask=(1 << 26) - 1)
+        for kwargs in ({}, extra):
+            got = _bc_run(hf.bounds_check_indices, getattr(hf.BoundsCheckMode, mode), problem, **kwargs)
+            for a, b in zip(got, want):
+                assert torch.equal(a, b), (kwargs, a, b)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(bounds_check_version=3), ValueError, r"bounds_check_version must be 1 or 2"),
+    (dict(prefetch_pipeline=True), NotImplementedError, r"prefetch_pipeline=True is not supported"),
+    (dict(b_t_map=torch.zeros(4, dtype=torch.int32)), NotImplementedError, r"b_t_map=.*not supported"),
+    (dict(info_B_num_bits=26), ValueError, r"info_B_num_bits and info_B_mask describe b_t_map"),
+    (dict(bounds_check_mode=7), ValueError, r"bounds_check_mode must be one of"),
+])
+def test_bounds_check_indices_rejects_what_it_does_not_implement(kwargs, error, match):
+    rows, idx, off, w, _, _ = _bc_problem(False, False, False)
+    args = dict(bounds_check_mode=hf.BoundsCheckMode.WARNING)
+    args.update(kwargs)
+    before = (idx.clone(), off.clone())
+    with pytest.raises(error, match=match):
+        hf.bounds_check_indices(rows, idx, off, args.pop("bounds_check_mode"), torch.zeros(1, dtype=torch.int64), **args)
+    assert torch.equal(idx, before[0]) and torch.equal(off, before[1])
