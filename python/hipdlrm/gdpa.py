@@ -74,7 +74,8 @@ def gdpa(
     No softmax, no normalisation, no causal mask; rows of samples without keys are zeros.
 
     Args:
-        query: ``[Lq, Hq, D]``; key, value: ``[Lkv, Hkv, D]``, Hq a multiple of Hkv; D 32, 64, 128 or 256; one
+        query: ``[Lq, Hq, D]``; key, value: ``[Lkv, Hkv, D]``, Hq a multiple of Hkv; any D (the GPU kernels
+            serve 32, 64, 128 and 256; others take the composite path); one
             dtype (float16, bfloat16, float32; float64 for gradcheck) and one device for every tensor.
         query_offset, key_offset: ``[B + 1]`` int32 or int64, from 0, non-decreasing, ending at Lq and Lkv;
             every query length <= max_seq_len_q and every key length <= max_seq_len_kv.

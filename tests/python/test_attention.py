@@ -33,6 +33,8 @@ pytestmark = pytest.mark.usefixtures("strict_checks")
 FWD = torch.ops.hipdlrm.hstu_mha_fwd
 BWD = torch.ops.hipdlrm.hstu_mha_bwd
 HEAD_DIMS = [32, 64, 128, 256]
+# Head dims without a kernel: the composite path computes them, on the CPU and on a GPU.
+OTHER_HEAD_DIMS = [(16, 16), (48, 48), (96, 96), (16, 48), (48, 128)]
 GPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # Lengths: empty and one-token sequences, and lengths that are not multiples of 16.
 LENGTHS = [0, 1, 5, 17, 0, 33, 40]
@@ -348,6 +350,12 @@ def test_cpu_head_dims(dqk, dv):
     check_cpu_case(Case(lengths=(3, 0, 11, 1, 8), dqk=dqk, dv=dv, targets=True, contextual_seq_len=2))
 
 
+@pytest.mark.parametrize("dqk,dv", OTHER_HEAD_DIMS)
+def test_cpu_other_head_dims(dqk, dv):
+    """Head dims the kernels are not compiled for (generative-recommenders' tests sample 16)."""
+    check_cpu_case(Case(lengths=(3, 0, 11, 1, 8), dqk=dqk, dv=dv, targets=True, contextual_seq_len=2, rab=("B", "1")))
+
+
 @pytest.mark.parametrize("scale", ["float", "per_token", "scalar_tensor"])
 def test_cpu_attn_scale(scale):
     check_cpu_case(Case(scale=scale, targets=True, max_attn_len=5))
@@ -517,8 +525,8 @@ ERRORS = {
     "k shape": (dict(k=torch.randn(6, 2, 64)), r"k must have q's shape"),
     "v rows": (dict(v=torch.randn(5, 2, 32)), r"v must be \[L, H, Dv\]"),
     "v heads": (dict(v=torch.randn(6, 3, 32)), r"v must be \[L, H, Dv\]"),
-    "head dim": (dict(q=torch.randn(6, 2, 48), k=torch.randn(6, 2, 48)), r"Dqk = 48; supported: 32, 64, 128, 256"),
-    "v head dim": (dict(v=torch.randn(6, 2, 16)), r"Dv = 16"),
+    "head dim": (dict(q=torch.randn(6, 2, 0), k=torch.randn(6, 2, 0)), r"Dqk = 0; it must be at least 1"),
+    "v head dim": (dict(v=torch.randn(6, 2, 0)), r"Dv = 0; it must be at least 1"),
     "int dtype": (dict(q=torch.ones(6, 2, 32, dtype=torch.int32), k=torch.ones(6, 2, 32, dtype=torch.int32),
                        v=torch.ones(6, 2, 32, dtype=torch.int32)), r"q has dtype Int"),
     "mixed dtype": (dict(k=torch.randn(6, 2, 32).half()), r"k has dtype Half but q has Float"),
@@ -759,6 +767,15 @@ def test_gpu_portable_kernels_with_wgmma_disabled():
 @pytest.mark.parametrize("dv", HEAD_DIMS)
 def test_gpu_head_dims(dqk, dv, dtype):
     """Every (Dqk, Dv) pair; lengths around the 16/64 tile edges."""
+    check_gpu_case(Case(lengths=(1, 15, 17, 0, 63, 65, 130), dqk=dqk, dv=dv, dtype=dtype, targets=True,
+                        rab=("B", "1")))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("dqk,dv", OTHER_HEAD_DIMS)
+def test_gpu_other_head_dims(dqk, dv, dtype):
+    """Head dims without a kernel take the composite path on the GPU too."""
     check_gpu_case(Case(lengths=(1, 15, 17, 0, 63, 65, 130), dqk=dqk, dv=dv, dtype=dtype, targets=True,
                         rab=("B", "1")))
 

@@ -34,6 +34,7 @@ FWD = torch.ops.hipdlrm.gdpa_fwd
 BWD = torch.ops.hipdlrm.gdpa_bwd
 ACTIVATIONS = ["raw", "relu", "gelu", "fast_gelu", "silu"]
 HEAD_DIMS = [32, 64, 128, 256]
+OTHER_HEAD_DIMS = [16, 48, 96]  # no kernel: the composite path computes them, on the CPU and on a GPU
 GPU_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 # Samples with no queries, no keys, one of each, and lengths that are not multiples of 16.
 Q_LENGTHS = (3, 0, 17, 5, 1, 33, 0)
@@ -257,6 +258,11 @@ def test_cpu_head_dims(dim):
     check_cpu_case(Case(dim=dim, activation="fast_gelu", window=7))
 
 
+@pytest.mark.parametrize("dim", OTHER_HEAD_DIMS)
+def test_cpu_other_head_dims(dim):
+    check_cpu_case(Case(dim=dim, activation="gelu", window=7))
+
+
 @pytest.mark.parametrize("window", [None, 4])
 @pytest.mark.parametrize("activation", ["gelu", "fast_gelu"])
 def test_cpu_dense_kv(activation, window):
@@ -459,8 +465,8 @@ ERRORS = {
                              r"query has Hq = 4 heads, which must be a multiple of key's Hkv = 3"),
     "no kv heads": (dict(key=torch.randn(4, 0, 32), value=torch.randn(4, 0, 32)),
                     r"must be a multiple of key's Hkv = 0"),
-    "head dim": (dict(query=torch.randn(6, 4, 48), key=torch.randn(4, 2, 48), value=torch.randn(4, 2, 48)),
-                 r"query, key and value have head dim D = 48; supported: 32, 64, 128, 256"),
+    "head dim": (dict(query=torch.randn(6, 4, 0), key=torch.randn(4, 2, 0), value=torch.randn(4, 2, 0)),
+                 r"query, key and value have head dim D = 0; it must be at least 1"),
     "int dtype": (dict(query=torch.ones(6, 4, 32, dtype=torch.int32), key=torch.ones(4, 2, 32, dtype=torch.int32),
                        value=torch.ones(4, 2, 32, dtype=torch.int32)), r"query has dtype Int"),
     "key dtype": (dict(key=torch.randn(4, 2, 32).half()), r"key has dtype Half but query has Float"),
@@ -649,6 +655,15 @@ def test_gpu_windows(activation, window, dtype):
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
 @pytest.mark.parametrize("dim", HEAD_DIMS)
 def test_gpu_head_dims(dim, dtype):
+    check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, dim=dim, activation="silu", window=40,
+                        dtype=dtype))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", OTHER_HEAD_DIMS)
+def test_gpu_other_head_dims(dim, dtype):
+    """Head dims without a kernel take the composite path on the GPU too."""
     check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, dim=dim, activation="silu", window=40,
                         dtype=dtype))
 

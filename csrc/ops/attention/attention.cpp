@@ -28,10 +28,8 @@ void check_qkv(const char* op, const at::Tensor& q, const at::Tensor& k, const a
               k.sizes());
   TORCH_CHECK(v.size(0) == q.size(0) && v.size(1) == q.size(1), op, ": v must be [L, H, Dv] with L = ",
               q.size(0), " and H = ", q.size(1), " as q, got shape ", v.sizes());
-  TORCH_CHECK(supported_head_dim(q.size(2)), op, ": q and k have head dim Dqk = ", q.size(2),
-              "; supported: 32, 64, 128, 256");
-  TORCH_CHECK(supported_head_dim(v.size(2)), op, ": v has head dim Dv = ", v.size(2),
-              "; supported: 32, 64, 128, 256");
+  TORCH_CHECK(q.size(2) >= 1, op, ": q and k have head dim Dqk = 0; it must be at least 1");
+  TORCH_CHECK(v.size(2) >= 1, op, ": v has head dim Dv = 0; it must be at least 1");
   TORCH_CHECK(supported_dtype(q.scalar_type()), op, ": q has dtype ", q.scalar_type(),
               "; supported: float16, bfloat16, float32, float64");
   TORCH_CHECK(k.scalar_type() == q.scalar_type(), op, ": k has dtype ", k.scalar_type(), " but q has ",

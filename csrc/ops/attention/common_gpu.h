@@ -14,8 +14,11 @@ namespace hipdlrm {
 namespace ops {
 namespace attention {
 
-// The attention kernels are instantiated for fp16 and bf16; other dtypes take the composite path.
-inline bool runs_on_kernels(at::ScalarType t) { return t == at::kHalf || t == at::kBFloat16; }
+// The attention kernels are instantiated for fp16 and bf16 at head dims 32, 64, 128 and 256; other
+// dtypes and head dims take the composite path (which reads the offsets on the host).
+inline bool runs_on_kernels(at::ScalarType t, std::int64_t dqk, std::int64_t dv) {
+  return (t == at::kHalf || t == at::kBFloat16) && kernel_head_dim(dqk) && kernel_head_dim(dv);
+}
 
 // The kernels stage rows with 16-byte copies: a contiguous tensor whose data does not start on a 16-byte
 // boundary (a view at an odd offset) is copied first.

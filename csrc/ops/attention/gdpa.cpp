@@ -39,8 +39,7 @@ void check_qkv(const char* op, const at::Tensor& query, const at::Tensor& key, c
   TORCH_CHECK(hkv > 0 ? hq % hkv == 0 : hq == 0, op, ": query has Hq = ", hq,
               " heads, which must be a multiple of key's Hkv = ", hkv, " (query head h uses kv head h / (Hq / Hkv))");
   TORCH_CHECK(hq <= kIntMax, op, ": query has ", hq, " heads; at most ", kIntMax, " are supported");
-  TORCH_CHECK(supported_head_dim(query.size(2)), op, ": query, key and value have head dim D = ", query.size(2),
-              "; supported: 32, 64, 128, 256");
+  TORCH_CHECK(query.size(2) >= 1, op, ": query, key and value have head dim D = 0; it must be at least 1");
   TORCH_CHECK(supported_dtype(query.scalar_type()), op, ": query has dtype ", query.scalar_type(),
               "; supported: float16, bfloat16, float32, float64");
   TORCH_CHECK(key.scalar_type() == query.scalar_type(), op, ": key has dtype ", key.scalar_type(),

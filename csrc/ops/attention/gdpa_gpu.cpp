@@ -1,8 +1,9 @@
 // GDPA attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
 //
-// fp16 and bf16 inputs run on the matrix-core kernels (kernels/attention/attention_api.h, gdpa_forward /
-// gdpa_backward). fp32 and fp64 inputs take the composite path of gdpa.cpp on the device: the kernels have
-// no fp32 instantiation, and the composite path is the reference the kernels are tested against. The
+// fp16 and bf16 inputs at head dims 32, 64, 128 and 256 run on the matrix-core kernels
+// (kernels/attention/attention_api.h, gdpa_forward / gdpa_backward). fp32 and fp64 inputs, and other head
+// dims, take the composite path of gdpa.cpp on the device: the kernels have no fp32 instantiation nor
+// other head dims, and the composite path is the reference the kernels are tested against. The
 // checks read query_offset and key_offset on the host (one small device-to-host copy per call) so that a
 // bad batch raises a RuntimeError instead of reaching a kernel.
 #include <ATen/ATen.h>
@@ -122,11 +123,12 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
   const char* op = "gdpa_fwd";
   const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
                                           qk_scale, window_size, broadcast_q);
-  const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o, !runs_on_kernels(query.scalar_type()));
+  const bool on_kernels = runs_on_kernels(query.scalar_type(), query.size(2), value.size(2));
+  const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o, !on_kernels);
   const c10::cuda::CUDAGuard guard(query.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const common::DeviceErrorSink sink = common::begin_gpu_call(query.device(), stream, op);
-  if (!runs_on_kernels(query.scalar_type())) return gdpa_forward_composite(query, key, value, o, layout);
+  if (!on_kernels) return gdpa_forward_composite(query, key, value, o, layout);
 
   if (nothing_to_compute(layout)) {
     validate_values(o, layout, o.query_offset.to(at::kLong).contiguous(), o.key_offset.to(at::kLong).contiguous(),
@@ -159,12 +161,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   const char* op = "gdpa_bwd";
   const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
                                           qk_scale, window_size, broadcast_q);
-  const GdpaLayout layout =
-      check_gdpa_backward(op, grad_out, query, key, value, o, !runs_on_kernels(query.scalar_type()));
+  const bool on_kernels = runs_on_kernels(query.scalar_type(), query.size(2), value.size(2));
+  const GdpaLayout layout = check_gdpa_backward(op, grad_out, query, key, value, o, !on_kernels);
   const c10::cuda::CUDAGuard guard(query.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const common::DeviceErrorSink sink = common::begin_gpu_call(query.device(), stream, op);
-  if (!runs_on_kernels(query.scalar_type())) return gdpa_backward_composite(grad_out, query, key, value, o, layout);
+  if (!on_kernels) return gdpa_backward_composite(grad_out, query, key, value, o, layout);
 
   const std::vector<std::int64_t> q_shape{layout.q_tokens, layout.heads, layout.dim};
   const std::vector<std::int64_t> kv_shape{layout.kv_tokens, layout.kv_heads, layout.dim};
