@@ -706,7 +706,7 @@ def _compiled_vs_eager(model_name, device, mode=None):
     return runs
 
 
-def _assert_same_training(runs, rtol, atol):
+def _assert_compiled_matches_eager(runs, rtol, atol):
     (eager_loss, eager_state), (comp_loss, comp_state) = runs
     torch.testing.assert_close(comp_loss, eager_loss, rtol=rtol, atol=atol)
     for key, value in eager_state.items():
@@ -722,7 +722,7 @@ def test_compiled_fullgraph_training_step_matches_eager(model):
     layers, and the fused TBE update inside the compiled backward; three steps give eager's losses and
     weights (up to inductor's reordering of the dense layers' arithmetic, which Adam's normalised step
     turns into differences of about 1e-6)."""
-    _assert_same_training(_compiled_vs_eager(model, CPU), rtol=1e-4, atol=1e-5)
+    _assert_compiled_matches_eager(_compiled_vs_eager(model, CPU), rtol=1e-4, atol=1e-5)
 
 
 @requires_hstu
@@ -732,5 +732,5 @@ def test_compiled_fullgraph_training_step_matches_eager(model):
 def test_gpu_compiled_training_step_matches_eager(model, mode):
     """The same on the GPU, also with mode="reduce-overhead" (inductor's CUDA graphs); the attention's dQ
     and the scatter backward add with atomics, so the comparison allows their reordering's rounding."""
-    _assert_same_training(_compiled_vs_eager(model, torch.device("cuda"), mode), rtol=1e-3, atol=1e-4)
+    _assert_compiled_matches_eager(_compiled_vs_eager(model, torch.device("cuda"), mode), rtol=1e-3, atol=1e-4)
     hipdlrm.synchronize()
