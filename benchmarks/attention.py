@@ -6,6 +6,16 @@ HSTU workload (generative-recommenders' HSTU attention benchmark)
   lengths uniform in [0.9 N, N) (their "sparsity 0.95"), bf16, causal, alpha = 1 / Dqk, the default
   scale 1 / N, no targets, no rab.
   --small   B = 8, H = 2, D = 64, N = 128 and 256 (the default on the CPU; a few seconds).
+  --sparsities s1,s2,...  jagged batches shaped like production (issue 31), each against the default
+          lengths ("sparsity 1.0") in the same run: sparsity s = mean length / N. s >= 0.95: the default
+          lengths above (mean 0.95 N). s < 0.95: lengths exponential with mean s N, rounded up and clipped
+          to [1, N] (the clip lowers the mean: 0.43 N at s = 0.5), drawn until the batch holds the tokens
+          of the default batch (B x 0.95 N), so B grows as lengths shrink (about 498k tokens at B = 512,
+          N = 1024). Why exponential: a user history's length in a recommendation log is mostly short
+          with a long tail of heavy users up to the cap (the seed paper's sparsity reaches 0.95, i.e.
+          s = 0.05); the exponential is the simplest such distribution with a tail to N. The issue's
+          measurement: --sparsities 1,0.5,0.2,0.05 (targets: TFLOP/s over the real lengths >= 80%, 60% and
+          30% of the s = 1.0 figure at the same N and D, forward and backward).
 
 FLOPs, counted as generative-recommenders counts them, over the jagged lengths n_b:
   f1 = 2 H Dqk sum(n^2) / 2   (Q K^T, causal half)      f2 = 2 H Dv sum(n^2) / 2   (P V)
@@ -70,8 +80,8 @@ try:
 except ImportError as exc:
     HIPDLRM_ERROR = f"cannot import hipdlrm ({exc}); build and install it first (pip install -e .)"
 
-DEFAULT = dict(batch=512, heads=4, head_dims=[128, 64], seq_lens=[1024, 2048, 4096])
-SMALL = dict(batch=8, heads=2, head_dims=[64], seq_lens=[128, 256])
+DEFAULT = dict(batch=512, heads=4, head_dims=[128, 64], seq_lens=[1024, 2048, 4096], sparsities=[1.0])
+SMALL = dict(batch=8, heads=2, head_dims=[64], seq_lens=[128, 256], sparsities=[1.0])
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 HIP = "hipdlrm"
@@ -83,6 +93,9 @@ TARGET_FWD = 350.0
 TARGET_BWD = 250.0
 TARGET_BASE_N = 1024
 TARGET_LONGER_N = [2048, 4096]
+FULL_SPARSITY = 0.95  # at or above: the default lengths, uniform in [0.9 N, N)
+# Jagged batches: TFLOP/s over the real lengths against the s = 1.0 figure at the same N and D (issue 31).
+SPARSITY_TARGETS = {0.5: 0.8, 0.2: 0.6, 0.05: 0.3}
 # [B, H, N, N] tensors (input dtype) of the padded plain-PyTorch HSTU alive at its peak: two saved by the
 # forward (SiLU's input, the masked P), up to three during the backward, and one of headroom.
 TORCH_PEAK_SCORE_TENSORS = 6
@@ -101,6 +114,7 @@ class Workload:
     v: torch.Tensor
     grad_out: torch.Tensor
     seq_offsets: torch.Tensor
+    sparsity: float = 1.0    # the distribution's label (see --sparsities); 1.0: the default lengths
 
     @property
     def alpha(self) -> float:
@@ -114,10 +128,29 @@ class Workload:
         return f1 + f2, 3 * f1 + 2 * f2
 
 
+def jagged_lengths(batch: int, n_max: int, sparsity: float, gen: torch.Generator) -> List[int]:
+    """The lengths of --sparsities (module docstring): the default ones at s >= FULL_SPARSITY, else
+    exponential with mean s N, ceil'ed and clipped to [1, N], until B x 0.95 N tokens are reached."""
+    if sparsity >= FULL_SPARSITY:
+        return torch.randint(int(0.9 * n_max), n_max, (batch,), generator=gen).tolist()
+    budget = round(batch * FULL_SPARSITY * n_max)
+    lengths: List[int] = []
+    total = 0
+    while total < budget:
+        draw = torch.empty(4096).exponential_(1.0 / (sparsity * n_max), generator=gen)
+        for n in draw.ceil().clamp_(1, n_max).long().tolist():
+            lengths.append(n)
+            total += n
+            if total >= budget:
+                break
+    return lengths
+
+
 def make_workload(batch: int, heads: int, dim: int, n_max: int, dtype: torch.dtype, device: torch.device,
-                  seed: int) -> Workload:
+                  seed: int, sparsity: float = 1.0) -> Workload:
     gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(int(0.9 * n_max), n_max, (batch,), generator=gen).tolist()
+    lengths = jagged_lengths(batch, n_max, sparsity, gen)
+    batch = len(lengths)
     total = sum(lengths)
     values = torch.Generator(device=device).manual_seed(seed)
 
@@ -126,7 +159,7 @@ def make_workload(batch: int, heads: int, dim: int, n_max: int, dtype: torch.dty
 
     offsets = torch.tensor([0] + lengths, device=device).cumsum(0)
     return Workload(batch, heads, dim, n_max, dtype, lengths, randn(total, heads, dim), randn(total, heads, dim),
-                    randn(total, heads, dim), randn(total, heads, dim), offsets)
+                    randn(total, heads, dim), randn(total, heads, dim), offsets, sparsity)
 
 
 def pad_rows(x: torch.Tensor, lengths: List[int], n_max: int) -> torch.Tensor:
@@ -261,8 +294,9 @@ def measure(wl: Workload, builders, device, warmup: int, iters: int, progress: P
     flops = {False: wl.flops(), True: wl.flops(padded=True)}
     rows = []
     for name, build in builders.items():
-        base = {"dim": wl.dim, "seq_len": wl.n_max, "variant": name, "batch": wl.batch, "heads": wl.heads,
-                "dtype": str(wl.dtype).replace("torch.", ""), "sum_n2": sum(n * n for n in wl.lengths)}
+        base = {"dim": wl.dim, "seq_len": wl.n_max, "sparsity": wl.sparsity, "variant": name, "batch": wl.batch,
+                "heads": wl.heads, "dtype": str(wl.dtype).replace("torch.", ""),
+                "mean_len": sum(wl.lengths) / max(1, wl.batch), "sum_n2": sum(n * n for n in wl.lengths)}
         try:
             fns: Optional[Fns] = build(wl, device)
             reason = None
@@ -273,10 +307,10 @@ def measure(wl: Workload, builders, device, warmup: int, iters: int, progress: P
         for d, direction in enumerate(("forward", "backward")):
             row = {**base, "direction": direction}
             if fns is None:
-                progress.step(f"N={wl.n_max} D={wl.dim} {direction}: {name} skipped ({reason})")
+                progress.step(f"N={wl.n_max} D={wl.dim} s={wl.sparsity:g} {direction}: {name} skipped ({reason})")
                 rows.append({**row, "skipped": reason})
                 continue
-            progress.step(f"N={wl.n_max} D={wl.dim} {direction}: {name}")
+            progress.step(f"N={wl.n_max} D={wl.dim} s={wl.sparsity:g} {direction}: {name}")
             try:
                 t = time_fn(fns[d], device=device, warmup=warmup, iters=iters, flush_l2=False)
             except torch.cuda.OutOfMemoryError:
@@ -300,8 +334,8 @@ def measure(wl: Workload, builders, device, warmup: int, iters: int, progress: P
 def evaluate_targets(rows: List[dict]) -> List[dict]:
     def value(direction: str, n: int) -> Optional[float]:
         for r in rows:
-            if (r["variant"], r["direction"], r["dim"], r["seq_len"], r["dtype"]) == (
-                    HIP, direction, TARGET_DIM, n, "bfloat16") and "tflops" in r:
+            if (r["variant"], r["direction"], r["dim"], r["seq_len"], r["dtype"], r["sparsity"]) == (
+                    HIP, direction, TARGET_DIM, n, "bfloat16", 1.0) and "tflops" in r:
                 return r["tflops"]
         return None
 
@@ -317,6 +351,29 @@ def evaluate_targets(rows: List[dict]) -> List[dict]:
             targets.append({"target": f"{direction} TFLOP/s, N={n}: >= {goal:g} and above N={TARGET_BASE_N}",
                             "value": v, "goal": f"> {base:.1f}" if base is not None else f">= {goal:g}",
                             "status": "n/a" if v is None or base is None else ("PASS" if ok else "FAIL")})
+    return targets + sparsity_targets(rows)
+
+
+def add_sparsity_ratios(rows: List[dict]) -> None:
+    """"x s=1": a row's TFLOP/s over the same variant's at sparsity 1.0, same N, D and direction."""
+    full = {(r["variant"], r["direction"], r["dim"], r["seq_len"]): r["tflops"] for r in rows
+            if r["sparsity"] >= FULL_SPARSITY and "tflops" in r}
+    for r in rows:
+        f = full.get((r["variant"], r["direction"], r["dim"], r["seq_len"]))
+        if "tflops" in r and f:
+            r["of_full"] = r["tflops"] / f
+
+
+def sparsity_targets(rows: List[dict]) -> List[dict]:
+    targets = []
+    for r in rows:
+        goal = SPARSITY_TARGETS.get(r["sparsity"])
+        if r["variant"] != HIP or goal is None:
+            continue
+        v = r.get("of_full")
+        targets.append({"target": f"{r['direction']} TFLOP/s at sparsity {r['sparsity']:g} / at 1.0, N={r['seq_len']}, "
+                                  f"D={r['dim']}", "value": v, "goal": f">= {goal:g}",
+                        "status": "n/a" if v is None else ("PASS" if v >= goal else "FAIL")})
     return targets
 
 
@@ -687,7 +744,7 @@ def activation_list(text: str) -> List[str]:
     return values
 
 
-GDPA_ONLY_FLAGS = ("sparsities", "activations", "pffn_kv_len")
+GDPA_ONLY_FLAGS = ("activations", "pffn_kv_len")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -709,7 +766,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--head-dims", type=int_list, default=None, help="comma-separated Dqk = Dv values")
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--sparsities", type=float_list, default=None,
-                   help=f"gdpa: comma-separated mean length / max values (default {GDPA_DEFAULT['sparsities']})")
+                   help="comma-separated mean length / max values (hstu: default 1.0, the issue's set 1,0.5,0.2,0.05, "
+                        f"lengths exponential below 0.95; gdpa: default {GDPA_DEFAULT['sparsities']}, uniform)")
     p.add_argument("--activations", type=activation_list, default=None,
                    help=f"gdpa: comma-separated activations (default {','.join(GDPA_DEFAULT['activations'])})")
     p.add_argument("--pffn-kv-len", type=int, default=None,
@@ -746,9 +804,11 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
     small = args.small or device.type != "cuda"
     cfg = dict(SMALL if small else DEFAULT)
     for key, flag in (("batch", args.batch), ("heads", args.heads), ("head_dims", args.head_dims),
-                      ("seq_lens", args.seq_lens)):
+                      ("seq_lens", args.seq_lens), ("sparsities", args.sparsities)):
         if flag is not None:
             cfg[key] = flag
+    if any(not 0 < s <= 1 for s in cfg["sparsities"]):
+        raise SystemExit(f"error: --sparsities must be in (0, 1], got {cfg['sparsities']}")
     dtype = DTYPES[args.dtype]
     iters = args.iters if args.iters is not None else (20 if device.type == "cuda" else 3)
     warmup = args.warmup if args.warmup is not None else (5 if device.type == "cuda" else 1)
@@ -756,26 +816,32 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
     if HIPDLRM_ERROR is not None:
         print(f"error: {HIPDLRM_ERROR}; timing the PyTorch variants only", file=sys.stderr)
 
+    sparsities = sorted(set(cfg["sparsities"]) | ({1.0} if len(cfg["sparsities"]) > 1 else set()), reverse=True)
     print(f"device: {device}  B={cfg['batch']} H={cfg['heads']} D={cfg['head_dims']} N={cfg['seq_lens']} "
-          f"{args.dtype}, causal, lengths uniform in [0.9 N, N); {iters} iters after {warmup} warm-up")
+          f"sparsity={sparsities} {args.dtype}, causal, lengths uniform in [0.9 N, N) at sparsity 1.0, "
+          f"exponential below (--help); {iters} iters after {warmup} warm-up")
     per_case = 2 * (int(HIPDLRM_ERROR is None) + (0 if args.no_baselines else 2))
-    progress = Progress(per_case * len(cfg["head_dims"]) * len(cfg["seq_lens"]))
+    progress = Progress(per_case * len(cfg["head_dims"]) * len(cfg["seq_lens"]) * len(sparsities))
     rows: List[dict] = []
     for dim in cfg["head_dims"]:
         for n_max in cfg["seq_lens"]:
-            wl = make_workload(cfg["batch"], cfg["heads"], dim, n_max, dtype, device, args.seed)
-            if HIPDLRM_ERROR is None:
-                verify(wl, device)
-            rows += measure(wl, variant_builders(not args.no_baselines), device, warmup, iters, progress)
-            del wl
+            for sparsity in sparsities:
+                wl = make_workload(cfg["batch"], cfg["heads"], dim, n_max, dtype, device, args.seed, sparsity)
+                if HIPDLRM_ERROR is None:
+                    verify(wl, device)
+                rows += measure(wl, variant_builders(not args.no_baselines), device, warmup, iters, progress)
+                del wl
+    add_sparsity_ratios(rows)
 
-    columns = [("dim", "D"), ("seq_len", "N"), ("direction", "dir"), ("variant", "variant"), ("ms", "ms", ".3f"),
+    columns = [("dim", "D"), ("seq_len", "N"), ("sparsity", "s", "g"), ("batch", "B"), ("mean_len", "mean n", ".0f"),
+               ("direction", "dir"), ("variant", "variant"), ("ms", "ms", ".3f"),
                ("tflops", "TFLOP/s", ".4g"), ("tflops_padded", "padded TFLOP/s", ".4g"),
-               ("hipdlrm_speedup", "hipdlrm x", ".2f"), ("skipped", "skipped")]
+               ("hipdlrm_speedup", "hipdlrm x", ".2f"), ("of_full", "x s=1", ".2f"), ("skipped", "skipped")]
     print()
     print_table(rows, columns)
     print("\nTFLOP/s: generative-recommenders' FLOPs over the jagged lengths / time (all variants); padded "
-          "TFLOP/s: the padded variants' own work (B N^2) / time; hipdlrm x: this variant's time / hipdlrm's.")
+          "TFLOP/s: the padded variants' own work (B N^2) / time; hipdlrm x: this variant's time / hipdlrm's; "
+          "x s=1: TFLOP/s over the same variant's at sparsity 1.0 (same N, D, direction).")
 
     targets = evaluate_targets(rows)
     note = "" if issue_workload and not small else ", not the issue's workload: not the issue targets"
