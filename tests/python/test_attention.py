@@ -345,14 +345,10 @@ def test_cpu_masks(case):
     check_cpu_case(case)
 
 
-@pytest.mark.parametrize("dqk,dv", [(d, d) for d in HEAD_DIMS] + [(32, 64), (64, 32), (128, 256), (256, 32)])
+@pytest.mark.parametrize("dqk,dv", [(d, d) for d in HEAD_DIMS] + [(32, 64), (64, 32), (128, 256), (256, 32)] +
+                         OTHER_HEAD_DIMS)
 def test_cpu_head_dims(dqk, dv):
-    check_cpu_case(Case(lengths=(3, 0, 11, 1, 8), dqk=dqk, dv=dv, targets=True, contextual_seq_len=2))
-
-
-@pytest.mark.parametrize("dqk,dv", OTHER_HEAD_DIMS)
-def test_cpu_other_head_dims(dqk, dv):
-    """Head dims the kernels are not compiled for (generative-recommenders' tests sample 16)."""
+    """The kernels' head dims and others (generative-recommenders' tests sample 16)."""
     check_cpu_case(Case(lengths=(3, 0, 11, 1, 8), dqk=dqk, dv=dv, targets=True, contextual_seq_len=2, rab=("B", "1")))
 
 
@@ -763,19 +759,10 @@ def test_gpu_portable_kernels_with_wgmma_disabled():
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
-@pytest.mark.parametrize("dqk", HEAD_DIMS)
-@pytest.mark.parametrize("dv", HEAD_DIMS)
+@pytest.mark.parametrize("dqk,dv", [(a, b) for a in HEAD_DIMS for b in HEAD_DIMS] + OTHER_HEAD_DIMS)
 def test_gpu_head_dims(dqk, dv, dtype):
-    """Every (Dqk, Dv) pair; lengths around the 16/64 tile edges."""
-    check_gpu_case(Case(lengths=(1, 15, 17, 0, 63, 65, 130), dqk=dqk, dv=dv, dtype=dtype, targets=True,
-                        rab=("B", "1")))
-
-
-@requires_gpu
-@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
-@pytest.mark.parametrize("dqk,dv", OTHER_HEAD_DIMS)
-def test_gpu_other_head_dims(dqk, dv, dtype):
-    """Head dims without a kernel take the composite path on the GPU too."""
+    """Every (Dqk, Dv) pair of the kernels' head dims, and others (the composite path on the GPU); lengths
+    around the 16/64 tile edges."""
     check_gpu_case(Case(lengths=(1, 15, 17, 0, 63, 65, 130), dqk=dqk, dv=dv, dtype=dtype, targets=True,
                         rab=("B", "1")))
 

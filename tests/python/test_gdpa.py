@@ -253,14 +253,9 @@ def test_cpu_grouped_kv_heads(heads, kv_heads, activation):
     check_cpu_case(Case(heads=heads, kv_heads=kv_heads, activation=activation, window=5))
 
 
-@pytest.mark.parametrize("dim", HEAD_DIMS)
+@pytest.mark.parametrize("dim", HEAD_DIMS + OTHER_HEAD_DIMS)
 def test_cpu_head_dims(dim):
     check_cpu_case(Case(dim=dim, activation="fast_gelu", window=7))
-
-
-@pytest.mark.parametrize("dim", OTHER_HEAD_DIMS)
-def test_cpu_other_head_dims(dim):
-    check_cpu_case(Case(dim=dim, activation="gelu", window=7))
 
 
 @pytest.mark.parametrize("window", [None, 4])
@@ -653,17 +648,9 @@ def test_gpu_windows(activation, window, dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
-@pytest.mark.parametrize("dim", HEAD_DIMS)
+@pytest.mark.parametrize("dim", HEAD_DIMS + OTHER_HEAD_DIMS)
 def test_gpu_head_dims(dim, dtype):
-    check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, dim=dim, activation="silu", window=40,
-                        dtype=dtype))
-
-
-@requires_gpu
-@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
-@pytest.mark.parametrize("dim", OTHER_HEAD_DIMS)
-def test_gpu_other_head_dims(dim, dtype):
-    """Head dims without a kernel take the composite path on the GPU too."""
+    """The kernels' head dims, and others, which take the composite path on the GPU too."""
     check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, dim=dim, activation="silu", window=40,
                         dtype=dtype))
 
