@@ -66,6 +66,9 @@ EXPECT = [
          reason="one block striding over the sequences, a block minimum per check (the CPU's first error); "
                 "each recorded error (four checks per offsets tensor, inlined apart, and num_targets) claims "
                 "the device error record with one compare-and-swap, error path only"),
+    dict(match=r"^check_blocks_kernel\b", min_waves=4, max_atomics=1,
+         reason="_check_blocks: one block strides over the blocks, a block minimum, the lowest bad one to the "
+                "device error record (one compare-and-swap, error path only)"),
     # -- bounds check --
     dict(match=r"^prepare_offsets_kernel<", min_waves=4, max_atomics=2,
          reason="one thread per bag, memory bound: waves hide the offsets' latency; one count atomic and "
@@ -77,6 +80,9 @@ EXPECT = [
          reason="the benchmark's per-thread-atomic ablation, not a product path"),
     dict(match=r"^record_fatal_kernel\b", min_waves=1, max_atomics=1,
          reason="one thread: the call's report to the device error record (one compare-and-swap)"),
+    dict(match=r"^check_b_offsets_kernel\b", min_waves=1, max_atomics=1,
+         reason="one thread per VBE call: B_offsets' T + 1 values checked and bounded, the first failure to "
+                "the device error record (one compare-and-swap, error path); no throughput to hide"),
     # -- grouped index select --
     dict(match=r"^fill_kernel\b", min_waves=4, no_atomics=True, reason="16-byte zero stores by wave tasks"),
     dict(match=r"^scatter_kernel<\w+, 2>", min_waves=2, cache=True,

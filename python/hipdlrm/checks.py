@@ -32,3 +32,9 @@ def set_strict_checks(enabled: bool) -> None:
 def strict_checks() -> bool:
     """Whether strict mode is on (set_strict_checks, HIPDLRM_STRICT_CHECKS)."""
     return bool(torch.ops.hipdlrm._strict_checks())
+
+
+@torch.library.register_fake("hipdlrm::_check_blocks")
+def _check_blocks_fake(starts, sizes, limit, op, argument):
+    """_check_blocks returns nothing: traced, it is only its side effect (the check)."""
+    return None

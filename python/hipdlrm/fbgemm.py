@@ -26,6 +26,7 @@ from .bounds_check import BoundsCheckMode as _HipBoundsCheckMode
 from .tbe import PoolingMode, TableBatchedEmbedding
 from .tbe import OptimType as _HipOptimType
 from .tbe import WeightDecayMode as _HipWeightDecayMode
+from .tbe import _dtype_name
 
 __all__ = [
     "BoundsCheckMode",
@@ -418,6 +419,12 @@ class _VBELayout:
         block = _host_to_device([[batch_sizes[f][r], first_slot[f][r] * total_D + D_offsets[f], dims[f]]
                                  for r in range(R) for f in range(T)], torch.int64, device)
         bags, padded_start, dim = block.view(R * T, 3).unbind(1)
+        # For a pre-allocated output (vbe_output): each block's size and its start in FBGEMM's layout, on the
+        # host (the CPU path's checks) and on the device.
+        self.num_ranks = R
+        self.block_sizes_host = [batch_sizes[f][r] * dims[f] for r in range(R) for f in range(T)]
+        self.block_sizes = bags * dim
+        self.block_starts = torch.cumsum(self.block_sizes, 0) - self.block_sizes
         # Then per output bag (row of D_f values): where it starts in the padded output and in the output.
         block_of = torch.repeat_interleave(torch.arange(R * T, device=device), bags, output_size=total_bags)
         bag_in_block = torch.arange(total_bags, device=device) - (torch.cumsum(bags, 0) - bags)[block_of]
@@ -576,12 +583,20 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                        "it configures EMAINPLACE_ROWWISE_ADAGRAD, which is not implemented")
         hip_weight_decay, hip_weight_decay_mode = _weight_decay(fbgemm_optimizer, float(weight_decay),
                                                                 fbgemm_weight_decay_mode)
-        if optimizer_state_dtypes:
-            narrower = {k: v for k, v in optimizer_state_dtypes.items()
-                        if _sparse_type(v, f"optimizer_state_dtypes[{k!r}]") != SparseType.FP32}
-            if narrower:
-                raise _unsupported("optimizer_state_dtypes", optimizer_state_dtypes,
-                                   "None or SparseType.FP32 states (hipdlrm keeps every optimizer state in fp32)")
+        # FBGEMM keeps a narrower state only for PARTIAL_ROWWISE_ADAM (and the ensemble Adagrad, not
+        # implemented): its momentum1 and / or momentum2 in FP16 or BF16. FP32 entries are accepted with any
+        # optimizer (they change nothing).
+        state_dtypes: Dict[str, torch.dtype] = {}
+        for key, value in (optimizer_state_dtypes or {}).items():
+            if key not in ("momentum1", "momentum2"):
+                raise ValueError(f"optimizer_state_dtypes: unknown state {key!r} (FBGEMM's are 'momentum1' and "
+                                 f"'momentum2')")
+            dtype = _float_dtype(value, f"optimizer_state_dtypes[{key!r}]")
+            if dtype != torch.float32 and fbgemm_optimizer != EmbOptimType.PARTIAL_ROWWISE_ADAM:
+                raise _unsupported(f"optimizer_state_dtypes[{key!r}]", value,
+                                   "SparseType.FP32 with this optimizer (FBGEMM keeps a narrower state only for "
+                                   "PARTIAL_ROWWISE_ADAM)")
+            state_dtypes[key] = dtype
         if extra_optimizer_config is not None:
             for flag in ("use_rowwise_bias_correction", "use_writeback_bwd_prehook"):
                 if getattr(extra_optimizer_config, flag, False):
@@ -622,6 +637,12 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         device = torch.device(device)
         if (device.type == "cpu") != (compute_device == ComputeDevice.CPU):
             raise ValueError(f"device={device} does not go with ComputeDevice.{compute_device.name} in embedding_specs")
+        # FBGEMM's OptimType.NONE registers its tables as one [rows, dim] parameter, weights_dev, so every table
+        # has one dim there (it asserts "OptimType.NONE does not support mixed embedding dimension").
+        if fbgemm_optimizer == EmbOptimType.NONE and len({int(dim) for _, dim in specs}) > 1:
+            raise ValueError(f"optimizer=EmbOptimType.NONE needs every table to have the same dim (FBGEMM's rule: its "
+                             f"gradient is for one [rows, dim] weights_dev), got dims {[int(d) for _, d in specs]}; "
+                             "hipdlrm.TableBatchedEmbedding's OptimType.NONE takes mixed dims (a flat gradient)")
 
         super().__init__(
             [(int(rows), int(dim)) for rows, dim in specs],
@@ -644,6 +665,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             max_norm=float(max_norm),
             gradient_clipping=bool(gradient_clipping),
             max_gradient=float(max_gradient),
+            optimizer_state_dtypes=state_dtypes,
         )
         self.fbgemm_optimizer: EmbOptimType = fbgemm_optimizer
         self.fbgemm_weight_decay_mode: WeightDecayMode = fbgemm_weight_decay_mode
@@ -654,6 +676,14 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         self.current_device: torch.device = self.weights.device
         # batch_size_per_feature_per_rank -> its _VBELayout, least recently used first.
         self._vbe_layouts: "collections.OrderedDict[Any, _VBELayout]" = collections.OrderedDict()
+        if fbgemm_optimizer == EmbOptimType.NONE:
+            # FBGEMM's layout: the tables back to back (no alignment gaps), registered as the [total_rows, dim]
+            # parameter weights_dev, which receives the sparse gradient. It is a view of the flat weights (one
+            # storage: split_embedding_weights(), state_dict() and the lookup read the same values), which no
+            # longer require grad themselves.
+            _pack_tables(self)
+            self.weights.requires_grad_(False)
+            self.weights_dev = torch.nn.Parameter(self.weights.detach().view(self.total_rows, self.max_D))
 
     # ---- forward --------------------------------------------------------------------------------------
 
@@ -682,10 +712,16 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         rank. The output is FBGEMM's 1-D VBE layout: rank by rank, then feature by feature, ``B[f][r] x D_f``
         values each (bag-major). The bounds check runs in its VBE mode (``B_offsets``, ``max_B``).
         """
-        if vbe_output is not None or vbe_output_offsets is not None:
-            raise NotImplementedError("vbe_output / vbe_output_offsets (a pre-allocated VBE output, FBGEMM's GPU-only "
-                                      "TBE API v2) are not supported by hipdlrm; pass None (the forward returns the "
-                                      "VBE output)")
+        # TorchScript parses this whole body (and compiles only the branch below): keep it in TorchScript's
+        # syntax (no f-string conversions such as !r, no lambdas or imports).
+        if torch.jit.is_scripting():
+            return self._scripted_fbgemm_forward(indices, offsets, per_sample_weights, feature_requires_grad,
+                                                 batch_size_per_feature_per_rank, total_unique_indices,
+                                                 hash_zch_identities, hash_zch_runtime_meta, vbe_output,
+                                                 vbe_output_offsets)
+        if (vbe_output is not None or vbe_output_offsets is not None) and batch_size_per_feature_per_rank is None:
+            raise ValueError("vbe_output / vbe_output_offsets (a pre-allocated VBE output) need "
+                             "batch_size_per_feature_per_rank (as in FBGEMM): they are for the VBE output only")
         if hash_zch_identities is not None or hash_zch_runtime_meta is not None:
             raise NotImplementedError("hash_zch_identities / hash_zch_runtime_meta feed raw embedding streaming, "
                                       "which hipdlrm does not implement; pass None")
@@ -695,36 +731,40 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         if self.optimizer == _HipOptimType.NONE and (total_unique_indices is None
                                                      or total_unique_indices > indices.numel()):
             raise ValueError(f"OptimType.NONE needs total_unique_indices (at most len(indices) = {indices.numel()}), "
-                             f"as FBGEMM does; got {total_unique_indices!r}")
+                             f"as FBGEMM does; got {repr(total_unique_indices)}")
         if self.embedding_table_index_type == torch.int32:
             indices = indices.to(torch.int32)
         offsets = offsets.to(indices.dtype)
         mask_features = False
         if per_sample_weights is not None:
             if not isinstance(per_sample_weights, torch.Tensor) or not per_sample_weights.is_floating_point():
-                raise ValueError(f"per_sample_weights must be a floating-point tensor, got {per_sample_weights!r}")
+                raise ValueError(f"per_sample_weights must be a floating-point tensor, got {repr(per_sample_weights)}")
             per_sample_weights = per_sample_weights.float()
             if feature_requires_grad is not None and per_sample_weights.requires_grad and torch.is_grad_enabled():
                 if not isinstance(feature_requires_grad, torch.Tensor) or feature_requires_grad.shape != (
                         self.num_features,):
                     raise ValueError(f"feature_requires_grad must be a tensor of {self.num_features} flags (one per "
-                                     f"feature), got {feature_requires_grad!r}")
+                                     f"feature), got {repr(feature_requires_grad)}")
                 mask_features = True
         if batch_size_per_feature_per_rank is not None:
             return self._forward_vbe(indices, offsets, per_sample_weights,
-                                     feature_requires_grad if mask_features else None, batch_size_per_feature_per_rank)
+                                     feature_requires_grad if mask_features else None, batch_size_per_feature_per_rank,
+                                     vbe_output, vbe_output_offsets)
         if mask_features:
             per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, offsets, feature_requires_grad,
                                                                 self.num_features)
         return super().forward(indices, offsets, per_sample_weights)
 
     def _forward_vbe(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor],
-                     feature_requires_grad: Optional[torch.Tensor], batch_size_per_feature_per_rank) -> torch.Tensor:
+                     feature_requires_grad: Optional[torch.Tensor], batch_size_per_feature_per_rank,
+                     vbe_output: Optional[torch.Tensor] = None,
+                     vbe_output_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """VBE on the fixed-batch lookup: the VBE-mode bounds check on the caller's tensors, the padded
         offsets gathered from them, the lookup of T x max_B bags (the padded slots are empty bags, which add
         nothing to the forward, the gradient or the update) and the valid rows gathered into FBGEMM's
-        layout. The lookup checks the padded offsets again; after the first check repaired the caller's
-        tensors, that check finds nothing, so ``bounds_check_warning`` is given the first check's count."""
+        layout, or, with ``vbe_output``, written into it at ``vbe_output_offsets``. The lookup checks the
+        padded offsets again; after the first check repaired the caller's tensors, that check finds nothing,
+        so ``bounds_check_warning`` is given the first check's count."""
         if self.pooling_mode == PoolingMode.NONE:
             raise NotImplementedError("batch_size_per_feature_per_rank (VBE) with PoolingMode.NONE is not supported "
                                       "(FBGEMM does not support it either); use SUM or MEAN, or pass None")
@@ -739,6 +779,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             raise ValueError("offsets must have sum(batch_size_per_feature_per_rank) + 1 entries, got 0")
         layout = self._vbe_layout(_batch_sizes(batch_size_per_feature_per_rank, self.num_features,
                                                offsets.numel() - 1))
+        if vbe_output is not None or vbe_output_offsets is not None:
+            self._check_vbe_output(layout, vbe_output, vbe_output_offsets)
         idx, off = indices.contiguous(), offsets.contiguous()
         warning = torch.zeros_like(self.bounds_check_warning)
         torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode), warning,
@@ -754,7 +796,80 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                                                                 feature_requires_grad, self.num_features)
         padded = super().forward(idx, padded_offsets, per_sample_weights)
         self.bounds_check_warning.copy_(warning)
-        return _GatherVBEOutput.apply(padded, layout.output_map)
+        output = _GatherVBEOutput.apply(padded, layout.output_map)
+        if vbe_output is None:
+            return output
+        # FBGEMM's pre-allocated output: block (r, f) written at vbe_output_offsets[r][f], in place, and
+        # vbe_output returned. Autograd's own index_put_ records the write (on views too): the lookup's
+        # gradient is the incoming one at those positions, and whatever wrote vbe_output before (another
+        # module's write, as TorchRec chains them) gets the rest, zeros where this write overwrote it.
+        return vbe_output.index_put_((self._vbe_output_positions(layout, vbe_output_offsets, vbe_output.numel()),),
+                                     output)
+
+    def _check_vbe_output(self, layout: _VBELayout, vbe_output: Optional[torch.Tensor],
+                          vbe_output_offsets: Optional[torch.Tensor]) -> None:
+        """FBGEMM's checks of a pre-allocated VBE output (check_allocated_vbe_output), as ValueErrors, plus
+        the device and, on the CPU (where reading the offsets costs nothing), that every block lies inside
+        ``vbe_output`` and no two blocks overlap. On a GPU the offsets' values are not read on the host."""
+        if vbe_output is None or vbe_output_offsets is None:
+            missing = "vbe_output" if vbe_output is None else "vbe_output_offsets"
+            raise ValueError(f"vbe_output and vbe_output_offsets go together (as in FBGEMM); {missing} is None")
+        for name, t in (("vbe_output", vbe_output), ("vbe_output_offsets", vbe_output_offsets)):
+            if not isinstance(t, torch.Tensor):
+                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        shape = (layout.num_ranks, self.num_features)
+        if tuple(vbe_output_offsets.shape) != shape:
+            raise ValueError(f"vbe_output_offsets must have shape [num_ranks, num_features] = {list(shape)} (the "
+                             f"start of each rank's block of each feature in vbe_output), got "
+                             f"{list(vbe_output_offsets.shape)}")
+        if vbe_output_offsets.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"vbe_output_offsets must be an int32 or int64 tensor, got {vbe_output_offsets.dtype}")
+        if vbe_output.dim() != 1:
+            raise ValueError(f"vbe_output must be 1-D (as in FBGEMM), got shape {list(vbe_output.shape)}")
+        if vbe_output.numel() == 0 and layout.output_size > 0:
+            raise ValueError(f"vbe_output is empty but the VBE output has {layout.output_size} values")
+        if vbe_output.dtype != self.output_dtype:
+            raise ValueError(f"vbe_output must have the output dtype {self.output_dtype} (output_dtype), got "
+                             f"{vbe_output.dtype}")
+        for name, t in (("vbe_output", vbe_output), ("vbe_output_offsets", vbe_output_offsets)):
+            if not t.is_contiguous():
+                raise ValueError(f"{name} must be contiguous (as in FBGEMM)")
+            if t.device != self.weights.device:
+                raise ValueError(f"{name} is on {t.device} but the tables are on {self.weights.device}")
+        if vbe_output.requires_grad and vbe_output.is_leaf and torch.is_grad_enabled():
+            raise ValueError("vbe_output is a leaf tensor that requires grad: the forward writes into it in place, "
+                             "which autograd forbids for such a tensor; pass a buffer that does not require grad "
+                             "(e.g. torch.empty), or the output of an earlier forward")
+        if vbe_output.device.type == "cpu":
+            blocks = sorted((start, size) for start, size in zip(vbe_output_offsets.reshape(-1).tolist(),
+                                                                layout.block_sizes_host) if size > 0)
+            end = None
+            for start, size in blocks:
+                if start < 0 or start + size > vbe_output.numel():
+                    raise ValueError(f"vbe_output_offsets: a block of {size} values at {start} does not fit in "
+                                     f"vbe_output ({vbe_output.numel()} values)")
+                if end is not None and start < end:
+                    raise ValueError(f"vbe_output_offsets: the blocks at {start} and before it overlap (the one "
+                                     f"before ends at {end})")
+                end = start + size
+        else:
+            # On the device: a block outside vbe_output becomes the device error, raised by the next hipdlrm
+            # call (the write itself is clamped into vbe_output, _vbe_output_positions); overlaps are not
+            # checked there (nor by FBGEMM).
+            torch.ops.hipdlrm._check_blocks(vbe_output_offsets.reshape(-1).to(torch.int64).contiguous(),
+                                            layout.block_sizes.contiguous(), vbe_output.numel(), "forward",
+                                            "vbe_output_offsets.reshape(-1)")
+
+    def _vbe_output_positions(self, layout: _VBELayout, vbe_output_offsets: torch.Tensor,
+                              numel: int) -> torch.Tensor:
+        """The position in ``vbe_output`` (``numel`` elements) of each element of FBGEMM's VBE layout: its
+        block's ``vbe_output_offsets[r][f]`` plus its place in the block, from device ops with sizes known on
+        the host (no value is read back). Clamped into the buffer, so that offsets the check rejects (on a GPU,
+        at the next call) never write outside it."""
+        shift = vbe_output_offsets.reshape(-1).to(torch.int64) - layout.block_starts
+        positions = (torch.arange(layout.output_size, dtype=torch.int64, device=shift.device)
+                     + torch.repeat_interleave(shift, layout.block_sizes, output_size=layout.output_size))
+        return positions.clamp_(0, max(numel - 1, 0))
 
     def _vbe_layout(self, batch_sizes: Tuple[Tuple[int, ...], ...]) -> _VBELayout:
         device = self.weights.device
@@ -770,10 +885,70 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             self._vbe_layouts.move_to_end(key)
         return layout
 
+    # ---- OptimType.NONE: FBGEMM's weights_dev ----------------------------------------------------------
+    # weights_dev is a [total_rows, dim] view of the flat weights (the tables are packed, _pack_tables); the
+    # lookup takes it as its autograd input, and its gradient is FBGEMM's row-sparse COO. These hooks keep
+    # the view tied to the flat weights whenever the latter's storage is replaced (module casts and moves,
+    # copies, load_state_dict(assign=True)), and keep it out of state_dict() (the flat weights are there).
+
+    def _lookup_weights(self) -> torch.Tensor:
+        if "weights_dev" in self._parameters:
+            return self.weights_dev
+        return self.weights
+
+    def _forward_op(self, weights, indices, offsets, per_sample_weights) -> torch.Tensor:
+        if weights.dim() != 1:  # weights_dev: the flat weights' storage, [total_rows, dim]
+            weights = weights.reshape(-1)
+        return super()._forward_op(weights, indices, offsets, per_sample_weights)
+
+    def _sparse_gradient(self, element: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """weights_dev's gradient as FBGEMM's (its none backward): a sparse COO of shape ``[total_rows,
+        dim]``, one ``[dim]`` row of values per row the batch looked up, indexed by the row's global id
+        (``table_row_offset + row``; features that share a table share its rows). hipdlrm's op gives the
+        rows' elements in row order, ``dim`` each (every table has one dim), at flat offsets that are
+        ``global_row * dim`` in the packed layout, so the rows are sorted and unique: coalesced."""
+        if "weights_dev" not in self._parameters:
+            return super()._sparse_gradient(element, values)
+        dim = self.max_D
+        rows = torch.div(element.view(-1, dim)[:, 0], dim, rounding_mode="floor")
+        return torch.sparse_coo_tensor(rows.unsqueeze(0), values.view(-1, dim), (self.total_rows, dim),
+                                       check_invariants=False, is_coalesced=True)
+
+    def _tie_weights_dev(self) -> None:
+        if "weights_dev" in self._parameters:
+            self.weights_dev.data = self.weights.detach().view(self.total_rows, self.max_D)
+
+    def _apply(self, fn, recurse=True):
+        result = super()._apply(fn, recurse)
+        self._tie_weights_dev()
+        return result
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._tie_weights_dev()
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        destination.pop(prefix + "weights_dev", None)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+        if prefix + "weights_dev" in missing_keys:
+            missing_keys.remove(prefix + "weights_dev")
+        self._tie_weights_dev()
+
+    def _state_description(self, name: str) -> str:
+        if name == "weights" and "weights_dev" in self._parameters:
+            return f"tables {self.embedding_specs} in {self.weights_precision}, back to back (FBGEMM's weights_dev)"
+        return super()._state_description(name)
+
     def prefetch(self, indices: torch.Tensor, offsets: torch.Tensor, forward_stream: Optional[Any] = None,
                  batch_size_per_feature_per_rank: Optional[List[List[int]]] = None) -> None:
         """No-op: FBGEMM's prefetch fills the UVM cache, and hipdlrm has no cache."""
 
+    @torch.jit.export
     def flush(self) -> None:
         """No-op: FBGEMM's flush writes the cache back to UVM, and hipdlrm has no cache."""
 
@@ -783,22 +958,28 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         if self.optimizer == _HipOptimType.NONE:
             raise NotImplementedError(f"{what} is not supported for {EmbOptimType.NONE} (as in FBGEMM)")
 
+    @torch.jit.export
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """FBGEMM's per-table views: ``[momentum1 [rows]]`` (EXACT_ROWWISE_ADAGRAD), ``[momentum1 [rows, dim],
         momentum2 [rows, dim]]`` (ADAM, LAMB), ``[momentum1 [rows, dim], momentum2 [rows]]`` (PARTIAL_ROWWISE_ADAM,
         PARTIAL_ROWWISE_LAMB),
         ``[momentum1 [rows, dim]]`` (LARS_SGD);
         ``[]`` (not one empty list per table) for SGD, as FBGEMM returns."""
+        if torch.jit.is_scripting():
+            return self._scripted_fbgemm_split_optimizer_states()
         self._no_optimizer_state("split_optimizer_states")
         if self.optimizer == _HipOptimType.EXACT_SGD:
             return []
         return super().split_optimizer_states()
 
+    @torch.jit.export
     def get_optimizer_state(self) -> List[Dict[str, torch.Tensor]]:
         """Per table, the state under torch.optim's names: ``{"sum"}`` (the Adagrads), ``{"exp_avg",
         "exp_avg_sq"}`` (the Adams; partial row-wise Adam's exp_avg_sq has one per row); ``[]`` for SGD (FBGEMM's
         result: it has no state); LARS_SGD: ``{"momentum_buffer"}`` (torch.optim.SGD's name; FBGEMM raises
         NotImplementedError there)."""
+        if torch.jit.is_scripting():
+            return self._scripted_get_optimizer_state()
         states = self.split_optimizer_states()
         if self.optimizer in (_HipOptimType.EXACT_ROWWISE_ADAGRAD, _HipOptimType.EXACT_ADAGRAD):
             return [{"sum": s[0]} for s in states]
@@ -809,10 +990,16 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             return [{"exp_avg": s[0], "exp_avg_sq": s[1]} for s in states]
         return []
 
+    @torch.jit.export
     def set_learning_rate(self, lr: float) -> None:
+        if torch.jit.is_scripting():
+            self._scripted_no_optimizer_state("set_learning_rate")
+            self.learning_rate = _fp32(lr)
+            return
         self._no_optimizer_state("set_learning_rate")
         _set_learning_rate(self, _fp32(lr))
 
+    @torch.jit.export
     def get_learning_rate(self) -> float:
         return float(self.learning_rate)
 
@@ -833,8 +1020,13 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                 raise NotImplementedError(f"update_hyper_parameters: {name!r} is not supported; supported: lr, eps, "
                                           "beta1, beta2, weight_decay")
 
+    @torch.jit.export
     def set_optimizer_step(self, step: int) -> None:
         """The step count the next backward continues from (its update uses ``step + 1``, as FBGEMM's does)."""
+        if torch.jit.is_scripting():
+            self._scripted_no_optimizer_state("set_optimizer_step")
+            self.optimizer_counters[0] = step
+            return
         self._no_optimizer_state("set_optimizer_step")
         _set_optimizer_step(self, int(step))
 
@@ -842,9 +1034,225 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
     def iter(self) -> torch.Tensor:
         """FBGEMM's step counter: a one-element int64 view of the steps taken so far (read it; set it with
         ``set_optimizer_step``). Absent under OptimType.NONE, as in FBGEMM."""
+        if torch.jit.is_scripting():
+            if self.optimizer == _HipOptimType.NONE.value:
+                raise AttributeError("OptimType.NONE keeps no step counter (FBGEMM's module has no `iter` then "
+                                     "either)")
+            return self.optimizer_counters[:1]
         if self.optimizer == _HipOptimType.NONE:
             raise AttributeError("OptimType.NONE keeps no step counter (FBGEMM's module has no `iter` then either)")
         return _optimizer_step_tensor(self)
+
+    # ---- TorchScript (docs/fbgemm.md, "TorchScript") ------------------------------------------------------
+    # The torch.jit.is_scripting() branches above call these; TableBatchedEmbedding's TorchScript section
+    # holds the lookup. They repeat the eager checks (in TorchScript's dialect: the module's IntEnum
+    # attributes are ints there, compared with the members' .value) and raise torch.jit.Error carrying the
+    # eager message. vbe_output and the VBE layout cache are eager-only: a scripted VBE forward builds its
+    # layout on every call.
+
+    def _scripted_lookup_weights(self) -> torch.Tensor:
+        """_lookup_weights(): OptimType.NONE's weights_dev, else the flat weights."""
+        if hasattr(self, "weights_dev"):
+            return self.weights_dev
+        return self.weights
+
+    def _scripted_no_optimizer_state(self, what: str) -> None:
+        if self.optimizer == _HipOptimType.NONE.value:
+            raise NotImplementedError(f"{what} is not supported for none (as in FBGEMM)")  # str(EmbOptimType.NONE)
+
+    def _scripted_fbgemm_split_optimizer_states(self) -> List[List[torch.Tensor]]:
+        self._scripted_no_optimizer_state("split_optimizer_states")
+        if self.optimizer == _HipOptimType.EXACT_SGD.value:
+            no_states: List[List[torch.Tensor]] = []
+            return no_states
+        return self._scripted_split_optimizer_states()
+
+    def _scripted_get_optimizer_state(self) -> List[Dict[str, torch.Tensor]]:
+        optimizer = self.optimizer
+        result: List[Dict[str, torch.Tensor]] = []
+        for s in self._scripted_fbgemm_split_optimizer_states():
+            if optimizer == _HipOptimType.EXACT_ROWWISE_ADAGRAD.value or optimizer == _HipOptimType.EXACT_ADAGRAD.value:
+                result.append({"sum": s[0]})
+            elif optimizer == _HipOptimType.LARS_SGD.value:
+                result.append({"momentum_buffer": s[0]})
+            elif (optimizer == _HipOptimType.ADAM.value or optimizer == _HipOptimType.PARTIAL_ROWWISE_ADAM.value
+                  or optimizer == _HipOptimType.LAMB.value or optimizer == _HipOptimType.PARTIAL_ROWWISE_LAMB.value):
+                result.append({"exp_avg": s[0], "exp_avg_sq": s[1]})
+        return result
+
+    def _scripted_fbgemm_forward(self, indices: torch.Tensor, offsets: torch.Tensor,
+                                 per_sample_weights: Optional[torch.Tensor],
+                                 feature_requires_grad: Optional[torch.Tensor],
+                                 batch_size_per_feature_per_rank: Optional[List[List[int]]],
+                                 total_unique_indices: Optional[int], hash_zch_identities: Optional[torch.Tensor],
+                                 hash_zch_runtime_meta: Optional[torch.Tensor], vbe_output: Optional[torch.Tensor],
+                                 vbe_output_offsets: Optional[torch.Tensor]) -> torch.Tensor:
+        """forward's casts and checks, then the fixed-batch or the VBE lookup."""
+        if vbe_output is not None or vbe_output_offsets is not None:
+            raise NotImplementedError("vbe_output / vbe_output_offsets (a pre-allocated VBE output) are not supported "
+                                      "by a scripted module; pass None (the forward returns the VBE output), or call "
+                                      "the module unscripted")
+        if hash_zch_identities is not None or hash_zch_runtime_meta is not None:
+            raise NotImplementedError("hash_zch_identities / hash_zch_runtime_meta feed raw embedding streaming, "
+                                      "which hipdlrm does not implement; pass None")
+        if self.optimizer == _HipOptimType.NONE.value and (total_unique_indices is None
+                                                           or total_unique_indices > indices.numel()):
+            raise ValueError(f"OptimType.NONE needs total_unique_indices (at most len(indices) = {indices.numel()}), "
+                             f"as FBGEMM does; got {total_unique_indices}")
+        if self.embedding_table_index_type == torch.int32:
+            indices = indices.to(torch.int32)
+        offsets = offsets.to(indices.dtype)
+        mask: Optional[torch.Tensor] = None
+        if per_sample_weights is not None:
+            if not per_sample_weights.is_floating_point():
+                raise ValueError(f"per_sample_weights must be a floating-point tensor, got a "
+                                 f"{_dtype_name(per_sample_weights.dtype)} tensor")
+            per_sample_weights = per_sample_weights.float()
+            if feature_requires_grad is not None and per_sample_weights.requires_grad and torch.is_grad_enabled():
+                if feature_requires_grad.shape != [self.num_features]:
+                    raise ValueError(f"feature_requires_grad must be a tensor of {self.num_features} flags (one per "
+                                     f"feature), got shape {feature_requires_grad.shape}")
+                mask = feature_requires_grad
+        if batch_size_per_feature_per_rank is not None:
+            return self._scripted_forward_vbe(indices, offsets, per_sample_weights, mask,
+                                              batch_size_per_feature_per_rank)
+        self._scripted_check_inputs(indices, offsets, per_sample_weights)
+        idx, off = self._scripted_bounds_check(indices, offsets)
+        if mask is not None and per_sample_weights is not None:
+            per_sample_weights = self._scripted_mask_features(per_sample_weights, off, mask)
+        return self._scripted_lookup(idx, off, per_sample_weights)
+
+    def _scripted_mask_features(self, per_sample_weights: torch.Tensor, offsets: torch.Tensor,
+                                feature_requires_grad: torch.Tensor) -> torch.Tensor:
+        """_MaskPerSampleWeightGrad: the same values, no gradient at the positions of the features whose flag
+        is 0 (each position's feature read from the bounds-checked offsets, as that function's backward
+        reads them)."""
+        batch = (offsets.numel() - 1) // self.num_features
+        if batch > 0:
+            feature_starts = offsets[::batch].to(torch.int64)
+        else:
+            feature_starts = offsets[:1].to(torch.int64)
+        positions = torch.arange(per_sample_weights.numel(), device=per_sample_weights.device)
+        feature = torch.bucketize(positions, feature_starts, right=True) - 1
+        in_a_feature = (feature >= 0) & (feature < self.num_features)
+        flags = feature_requires_grad.to(device=per_sample_weights.device) != 0
+        keep = in_a_feature & flags[feature.clamp(0, self.num_features - 1)]
+        return torch.where(keep, per_sample_weights, per_sample_weights.detach())
+
+    def _scripted_forward_vbe(self, indices: torch.Tensor, offsets: torch.Tensor,
+                              per_sample_weights: Optional[torch.Tensor], feature_requires_grad: Optional[torch.Tensor],
+                              batch_sizes: List[List[int]]) -> torch.Tensor:
+        """_forward_vbe (the gather of the padded output is index_select, whose backward adds each element's
+        gradient once, as _GatherVBEOutput's writes it)."""
+        if int(self.pooling_mode) == PoolingMode.NONE.value:
+            raise NotImplementedError("batch_size_per_feature_per_rank (VBE) with PoolingMode.NONE is not supported "
+                                      "(FBGEMM does not support it either); use SUM or MEAN, or pass None")
+        self._scripted_check_index_tensor("indices", indices)
+        self._scripted_check_index_tensor("offsets", offsets)
+        if offsets.numel() < 1:
+            raise ValueError("offsets must have sum(batch_size_per_feature_per_rank) + 1 entries, got 0")
+        self._scripted_check_batch_sizes(batch_sizes, offsets.numel() - 1)
+        B_offsets, max_B, offsets_map, output_map = self._scripted_vbe_layout(batch_sizes)
+        idx, off = indices.contiguous(), offsets.contiguous()
+        warning = torch.zeros_like(self.bounds_check_warning)
+        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode), warning,
+                                               None, B_offsets, max_B)
+        if int(self.bounds_check_mode) != _HipBoundsCheckMode.FATAL.value:
+            if idx is not indices:
+                indices.copy_(idx)
+            if off is not offsets:
+                offsets.copy_(off)
+        padded_offsets = off.index_select(0, offsets_map)
+        if feature_requires_grad is not None and per_sample_weights is not None:
+            per_sample_weights = self._scripted_mask_features(per_sample_weights, padded_offsets,
+                                                              feature_requires_grad)
+        padded = self._scripted_forward(idx, padded_offsets, per_sample_weights)
+        self.bounds_check_warning.copy_(warning)
+        return padded.reshape(-1).index_select(0, output_map)
+
+    def _scripted_check_batch_sizes(self, batch_sizes: List[List[int]], num_bags: int) -> None:
+        """_batch_sizes' checks."""
+        name = "batch_size_per_feature_per_rank"
+        if len(batch_sizes) != self.num_features:
+            raise ValueError(f"{name} must have one list per feature ({self.num_features}), got {len(batch_sizes)} "
+                             f"lists")
+        total = 0
+        for f in range(len(batch_sizes)):
+            if len(batch_sizes[f]) == 0:
+                raise ValueError(f"{name}[{f}] must be a non-empty list of per-rank batch sizes, got {batch_sizes[f]}")
+            for r in range(len(batch_sizes[f])):
+                b = batch_sizes[f][r]
+                if b < 0:
+                    raise ValueError(f"{name}[{f}][{r}] = {b}: batch sizes must be >= 0")
+                total += b
+        for f in range(len(batch_sizes)):
+            if len(batch_sizes[f]) != len(batch_sizes[0]):
+                ranks: List[int] = []
+                for row in batch_sizes:
+                    ranks.append(len(row))
+                raise ValueError(f"{name} must give every feature the same number of ranks, got {ranks}")
+        if total != num_bags:
+            raise ValueError(f"{name} sums to {total} bags but offsets has {num_bags + 1} entries ({num_bags} bags); "
+                             f"offsets must have sum(batch sizes) + 1 = {total + 1} entries")
+
+    def _scripted_host_to_device(self, values: List[int], dtype: torch.dtype) -> torch.Tensor:
+        """_host_to_device."""
+        t = torch.tensor(values, dtype=dtype)
+        if self.weights.device.type == "cpu":
+            return t
+        return t.pin_memory().to(self.weights.device, non_blocking=True)
+
+    def _scripted_vbe_layout(self, batch_sizes: List[List[int]]) -> Tuple[torch.Tensor, int, torch.Tensor,
+                                                                         torch.Tensor]:
+        """_VBELayout's B_offsets, max_B, offsets_map and output_map, by the same steps."""
+        device = self.weights.device
+        T, R = len(batch_sizes), len(batch_sizes[0])
+        dims: List[int] = []
+        for t in self.feature_table_map:
+            dims.append(self.embedding_specs[t][1])
+        B_offsets_host, D_offsets = [0], [0]
+        max_B = 0
+        for row in batch_sizes:
+            bags = 0
+            for b in row:
+                bags += b
+            B_offsets_host.append(B_offsets_host[-1] + bags)
+            max_B = max(max_B, bags)
+        for d in dims:
+            D_offsets.append(D_offsets[-1] + d)
+        total_D, total_bags = D_offsets[-1], B_offsets_host[-1]
+        B_offsets = self._scripted_host_to_device(B_offsets_host, torch.int32)
+        output_size = 0
+        for f in range(T):
+            for b in batch_sizes[f]:
+                output_size += b * dims[f]
+        index_dtype = torch.int32 if max(max_B * total_D, output_size) < 2147483647 else torch.int64
+
+        slot = torch.arange(max_B, dtype=torch.int64, device=device)
+        bounds = B_offsets.to(torch.int64)
+        starts, counts = bounds[:-1].unsqueeze(1), (bounds[1:] - bounds[:-1]).unsqueeze(1)
+        offsets_map = torch.cat([(starts + torch.minimum(slot.unsqueeze(0), counts)).flatten(),
+                                 torch.full([1], total_bags, dtype=torch.int64, device=device)]).to(index_dtype)
+
+        # Per output block (r, f), rank-major: B[f][r], its first bag's start in the padded output, D_f.
+        block_host: List[int] = []
+        for r in range(R):
+            for f in range(T):
+                first_slot = 0
+                for earlier in range(r):
+                    first_slot += batch_sizes[f][earlier]
+                block_host += [batch_sizes[f][r], first_slot * total_D + D_offsets[f], dims[f]]
+        block = self._scripted_host_to_device(block_host, torch.int64).view(R * T, 3)
+        bags, padded_start, dim = block[:, 0], block[:, 1], block[:, 2]
+        block_of = torch.repeat_interleave(torch.arange(R * T, device=device), bags, output_size=total_bags)
+        bag_in_block = torch.arange(total_bags, device=device) - (torch.cumsum(bags, 0) - bags)[block_of]
+        row_padded_start = padded_start[block_of] + bag_in_block * total_D
+        row_dim = dim[block_of]
+        row_start = torch.cumsum(row_dim, 0) - row_dim
+        row_of = torch.repeat_interleave(torch.arange(total_bags, device=device), row_dim, output_size=output_size)
+        column = torch.arange(output_size, device=device) - row_start[row_of]
+        output_map = (row_padded_start[row_of] + column).to(index_dtype)
+        return B_offsets, max_B, offsets_map, output_map
 
 
 def bounds_check_indices(
@@ -896,8 +1304,23 @@ def bounds_check_indices(
 
 # ---- adapters ---------------------------------------------------------------------------------------------
 # What the class needs from TableBatchedEmbedding beyond its documented constructor and methods: setting the
-# learning rate and the other hyper-parameters after construction, and reading and setting the step counter.
-# Each is one small function here, so it has one place to change when the module grows these as methods.
+# learning rate and the other hyper-parameters after construction, reading and setting the step counter, and
+# laying OptimType.NONE's tables out back to back (FBGEMM's weights_dev). Each is one small function here, so it has one place to change when the module grows these as methods.
+
+
+def _pack_tables(module: TableBatchedEmbedding) -> None:
+    """Lays the tables out back to back in new, zeroed flat weights (no 128-byte alignment gaps) and points
+    the per-feature ``weights_offsets`` and the per-table ``table_offsets`` at them. Right after construction
+    only (the tables are zeros) and without element-wise optimizer state (OptimType.NONE has none)."""
+    offsets, size = [], 0
+    for rows, dim in module.embedding_specs:
+        offsets.append(size)
+        size += rows * dim
+    dtype, device = module.weights.dtype, module.weights.device
+    module.weights = torch.nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
+    module.weights = torch.nn.Parameter(torch.zeros(size, dtype=dtype, device=device), requires_grad=False)
+    module.table_offsets = offsets
+    module.weights_offsets.copy_(torch.tensor([offsets[t] for t in module.feature_table_map], dtype=torch.int64))
 
 
 def _set_learning_rate(module: TableBatchedEmbedding, lr: float) -> None:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import enum
 import math
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -213,14 +213,104 @@ class TBELookupFunction(torch.autograd.Function):
             element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
                 grad_output, module.weights.detach(), *module._lookup_metadata(), *lookup)
             if ctx.needs_input_grad[3]:
-                # Segments ascend by row, and tables by offset: the indices are sorted and unique.
-                grad_weights = torch.sparse_coo_tensor(element.unsqueeze(0), values, (module.weights.numel(),),
-                                                       check_invariants=False, is_coalesced=True)
+                grad_weights = module._sparse_gradient(element, values)
         if not ctx.needs_input_grad[4]:
             grad_psw = None
         # DDP expects every parameter that requires grad to get one each step.
         grad_placeholder = grad_output.new_zeros(0, dtype=torch.float32) if ctx.needs_input_grad[5] else None
         return None, None, None, grad_weights, grad_psw, grad_placeholder
+
+
+# ---- TorchScript: the lookup as an op ------------------------------------------------------------------
+# TorchScript compiles no autograd.Function (and TBELookupFunction takes the module itself), so a scripted
+# module's forward calls this op instead: tbe_forward, taking the module's tensors and settings as
+# arguments, with an autograd registered in Python (TorchScript calls ops through the dispatcher, so it
+# runs) whose backward is TBELookupFunction.backward's: the same backward op with the same arguments. Eager
+# and torch.compile'd modules keep TBELookupFunction. The fused update mutates weights, momentum1,
+# momentum2 and optimizer_counters in the backward only, as tbe_backward declares; the forward mutates
+# nothing. `weights` is the module's _lookup_weights(): the flat tables, or a [rows, dim] view of them
+# (hipdlrm.fbgemm's weights_dev), which fixes the layout of OptimType.NONE's sparse gradient.
+# `optimizer` -1: an inference-only module (no update; the per-sample weights still get their gradient).
+
+_LOOKUP_OP = "hipdlrm::tbe_lookup"
+_LOOKUP_SCHEMA = (
+    "(Tensor weights, Tensor placeholder, Tensor weights_offsets, Tensor D_offsets, Tensor rows_per_table, "
+    "Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, Tensor offsets, int pooling_mode, "
+    "Tensor? per_sample_weights, ScalarType output_dtype, int optimizer, Tensor momentum1, Tensor momentum2, "
+    "float learning_rate, float eps, float beta1, float beta2, float weight_decay, int weight_decay_mode, "
+    "bool stochastic_rounding, Tensor optimizer_counters, float eta, float momentum, float max_norm, "
+    "bool gradient_clipping, float max_gradient) -> Tensor")
+# Positions in the schema of the inputs that get a gradient.
+_LOOKUP_PLACEHOLDER, _LOOKUP_PSW = 1, 12
+
+
+def _tbe_lookup_impl(weights, placeholder, weights_offsets, D_offsets, rows_per_table, row_offsets, total_rows,
+                     total_D, max_D, indices, offsets, pooling_mode, per_sample_weights, output_dtype, optimizer,
+                     momentum1, momentum2, learning_rate, eps, beta1, beta2, weight_decay, weight_decay_mode,
+                     stochastic_rounding, optimizer_counters, eta, momentum, max_norm, gradient_clipping,
+                     max_gradient):
+    return torch.ops.hipdlrm.tbe_forward(weights.reshape(-1), weights_offsets, D_offsets, rows_per_table, total_D,
+                                         max_D, indices, offsets, pooling_mode, per_sample_weights, output_dtype)
+
+
+_tbe_lookup = torch.library.custom_op(_LOOKUP_OP, _tbe_lookup_impl, mutates_args=(), schema=_LOOKUP_SCHEMA)
+
+
+@_tbe_lookup.register_fake
+def _tbe_lookup_fake(weights, placeholder, weights_offsets, D_offsets, rows_per_table, row_offsets, total_rows,
+                     total_D, max_D, indices, offsets, pooling_mode, per_sample_weights, output_dtype, *optimizer):
+    return _tbe_forward_fake(weights.reshape(-1), weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices,
+                             offsets, pooling_mode, per_sample_weights, output_dtype)
+
+
+def _tbe_lookup_setup_context(ctx, inputs, output):
+    # As TBELookupFunction: indices, offsets and the per-sample weights saved (version-checked); the tables
+    # and the state held as they are, since the backward updates them in place.
+    ctx.save_for_backward(inputs[9], inputs[10], inputs[_LOOKUP_PSW])
+    ctx.inputs = inputs
+
+
+def _tbe_lookup_backward(ctx, grad_output):
+    (weights, _, weights_offsets, D_offsets, rows_per_table, row_offsets, total_rows, total_D, max_D, _, _,
+     pooling_mode, _, _, optimizer, momentum1, momentum2, learning_rate, eps, beta1, beta2, weight_decay,
+     weight_decay_mode, stochastic_rounding, optimizer_counters, eta, momentum, max_norm, gradient_clipping,
+     max_gradient) = ctx.inputs
+    indices, offsets, per_sample_weights = ctx.saved_tensors
+    if gradient_clipping:
+        grad_output = grad_output.clamp(-max_gradient, max_gradient)
+    grad_output = grad_output.contiguous()
+    metadata = (weights_offsets, D_offsets, rows_per_table, row_offsets, total_rows, total_D, max_D)
+    lookup = (indices, offsets, pooling_mode, per_sample_weights)
+    flat = weights.detach().reshape(-1)
+    grad_weights = None
+    if optimizer in _FUSED and ctx.needs_input_grad[_LOOKUP_PLACEHOLDER]:
+        grad_psw = torch.ops.hipdlrm.tbe_backward(
+            grad_output, flat, *metadata, *lookup, optimizer, momentum1, momentum2, learning_rate, eps,
+            beta1, beta2, weight_decay, weight_decay_mode, stochastic_rounding, optimizer_counters, eta, momentum,
+            max_norm)
+    else:
+        element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(grad_output, flat, *metadata, *lookup)
+        if ctx.needs_input_grad[0] and weights.dim() == 1:
+            # The module's flat weights: TableBatchedEmbedding._sparse_gradient's layout.
+            grad_weights = torch.sparse_coo_tensor(element.unsqueeze(0), values, (weights.numel(),),
+                                                   check_invariants=False, is_coalesced=True)
+        elif ctx.needs_input_grad[0]:
+            # [rows, dim] weights (hipdlrm.fbgemm's weights_dev: tables back to back, one dim): FBGEMM's
+            # row-sparse COO, one row of values per looked-up row (the rows ascend and are unique).
+            dim = weights.shape[1]
+            rows = torch.div(element.view(-1, dim)[:, 0], dim, rounding_mode="floor")
+            grad_weights = torch.sparse_coo_tensor(rows.unsqueeze(0), values.view(-1, dim), tuple(weights.shape),
+                                                   check_invariants=False, is_coalesced=True)
+    if not ctx.needs_input_grad[_LOOKUP_PSW]:
+        grad_psw = None
+    grad_placeholder = (grad_output.new_zeros(0, dtype=torch.float32) if ctx.needs_input_grad[_LOOKUP_PLACEHOLDER]
+                        else None)
+    grads = [None] * len(ctx.inputs)
+    grads[0], grads[_LOOKUP_PLACEHOLDER], grads[_LOOKUP_PSW] = grad_weights, grad_placeholder, grad_psw
+    return tuple(grads)
+
+
+_tbe_lookup.register_autograd(_tbe_lookup_backward, setup_context=_tbe_lookup_setup_context)
 
 
 # ---- the module ----------------------------------------------------------------------------------------
@@ -277,6 +367,10 @@ class TableBatchedEmbedding(nn.Module):
             the backward, as FBGEMM clips it.
         stochastic_rounding: fp16/bf16 weights are rounded stochastically (seeded, reproducible) after
             each update, instead of to nearest.
+        optimizer_state_dtypes: ``{"momentum1": dtype, "momentum2": dtype}`` (either key optional): with
+            ``OptimType.PARTIAL_ROWWISE_ADAM`` a state may be kept in float16 or bfloat16 instead of
+            float32, as FBGEMM allows (read into fp32, updated in fp32, stored rounded to nearest); every
+            other optimizer's state is float32.
 
     Attributes: ``weights`` (the flat tables, an ``nn.Parameter``; it requires grad only with
     ``OptimType.NONE``, whose backward gives it a sparse gradient), ``placeholder_autograd_tensor`` (with a
@@ -311,6 +405,7 @@ class TableBatchedEmbedding(nn.Module):
         max_norm: float = 0.0,
         gradient_clipping: bool = False,
         max_gradient: float = 1.0,
+        optimizer_state_dtypes: Optional[Dict[str, torch.dtype]] = None,
     ) -> None:
         super().__init__()
         specs = self._validate_specs(embedding_specs)
@@ -345,8 +440,9 @@ class TableBatchedEmbedding(nn.Module):
         # Tables never overlap: in the flat weights (table_offsets, aligned) nor in the row space
         # (table_row_offsets), which numbers every row of every table once.
         align = _TABLE_ALIGN_BYTES // torch.empty((), dtype=weights_precision).element_size()
-        self.table_offsets: List[int] = []
-        self.table_row_offsets: List[int] = []
+        # Lists of ints (not annotated here: torch.jit.script warns on an annotated empty list in __init__).
+        self.table_offsets = []
+        self.table_row_offsets = []
         size = rows_total = 0
         for rows, dim in specs:
             size = (size + align - 1) // align * align
@@ -375,7 +471,8 @@ class TableBatchedEmbedding(nn.Module):
         self.register_buffer("bounds_check_warning", torch.zeros(1, dtype=torch.int64, device=device),
                              persistent=False)
         self._init_optimizer(optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                             stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient)
+                             stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient,
+                             optimizer_state_dtypes)
 
     @staticmethod
     def _validate_specs(embedding_specs) -> List[Tuple[int, int]]:
@@ -395,7 +492,8 @@ class TableBatchedEmbedding(nn.Module):
         return specs
 
     def _init_optimizer(self, optimizer, learning_rate, eps, weight_decay, weight_decay_mode, beta1, beta2,
-                        stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient) -> None:
+                        stochastic_rounding, eta, momentum, max_norm, gradient_clipping, max_gradient,
+                        optimizer_state_dtypes=None) -> None:
         """The optimizer's settings and state. ``optimizer=None``: inference only, no state. State:
         ``momentum1`` (row-wise Adagrad: one fp32 per row of every table; the Adams and Adagrad: one per
         weight; LARS: one per weight), ``momentum2`` (Adam and LAMB: one per weight; the partial row-wise Adam
@@ -440,6 +538,7 @@ class TableBatchedEmbedding(nn.Module):
         else:
             self.placeholder_autograd_tensor = nn.Parameter(torch.zeros(0, dtype=torch.float32,
                                                                         device=self.weights.device))
+        state_dtypes = self._state_dtypes(optimizer_state_dtypes)
         f32 = dict(dtype=torch.float32, device=self.weights.device)
         if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
             self.register_buffer("momentum1", torch.zeros(self.total_rows, **f32))
@@ -449,11 +548,37 @@ class TableBatchedEmbedding(nn.Module):
         elif self.optimizer in (OptimType.EXACT_ADAGRAD, OptimType.LARS_SGD):
             self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
         elif self.optimizer in _PARTIAL_ROWWISE:
-            self.register_buffer("momentum1", torch.zeros(self.weights.numel(), **f32))
-            self.register_buffer("momentum2", torch.zeros(self.total_rows, **f32))
+            self.register_buffer("momentum1", torch.zeros(self.weights.numel(), dtype=state_dtypes["momentum1"],
+                                                          device=self.weights.device))
+            self.register_buffer("momentum2", torch.zeros(self.total_rows, dtype=state_dtypes["momentum2"],
+                                                          device=self.weights.device))
         seed = int(torch.randint(0, 2**62, (1,)).item())
         self.register_buffer("optimizer_counters", torch.tensor([0, seed], dtype=torch.int64,
                                                                 device=self.weights.device))
+
+    def _state_dtypes(self, optimizer_state_dtypes) -> Dict[str, torch.dtype]:
+        """The dtype of each state: float32, but PARTIAL_ROWWISE_ADAM may keep ``momentum1`` and / or
+        ``momentum2`` in float16 or bfloat16 (FBGEMM's ``optimizer_state_dtypes``; updated in fp32, stored
+        rounded to nearest)."""
+        dtypes = {"momentum1": torch.float32, "momentum2": torch.float32}
+        if not optimizer_state_dtypes:
+            return dtypes
+        if not isinstance(optimizer_state_dtypes, dict):
+            raise ValueError(f"optimizer_state_dtypes must be a dict {{'momentum1' / 'momentum2': dtype}}, got "
+                             f"{type(optimizer_state_dtypes).__name__}")
+        for key, dtype in optimizer_state_dtypes.items():
+            if key not in dtypes:
+                raise ValueError(f"optimizer_state_dtypes: unknown state {key!r} (the states are 'momentum1' and "
+                                 f"'momentum2')")
+            if dtype not in _FLOAT_FORMATS:
+                raise ValueError(f"optimizer_state_dtypes[{key!r}] must be torch.float32, float16 or bfloat16, "
+                                 f"got {dtype!r}")
+            if dtype != torch.float32 and self.optimizer != OptimType.PARTIAL_ROWWISE_ADAM:
+                name = "None" if self.optimizer is None else f"OptimType.{self.optimizer.name}"
+                raise ValueError(f"optimizer_state_dtypes[{key!r}] = {dtype}: only OptimType.PARTIAL_ROWWISE_ADAM "
+                                 f"keeps a narrower state (as in FBGEMM), got optimizer={name}")
+            dtypes[key] = dtype
+        return dtypes
 
     # ---- the ops' arguments, built in one place each ----
 
@@ -521,19 +646,40 @@ class TableBatchedEmbedding(nn.Module):
                                              self.total_D, self.max_D, indices, offsets, int(self.pooling_mode),
                                              per_sample_weights, self.output_dtype)
 
+    def _lookup_weights(self) -> torch.Tensor:
+        """The tables as the lookup's autograd input (``TBELookupFunction``'s ``weights``): the flat
+        ``weights``, to which OptimType.NONE's backward gives ``_sparse_gradient``. A subclass may return
+        another view of the same storage instead (hipdlrm.fbgemm's ``[rows, dim]`` ``weights_dev``); its
+        ``_forward_op`` then receives that view."""
+        return self.weights
+
+    def _sparse_gradient(self, element: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """OptimType.NONE: ``tbe_backward_sparse``'s (element indices, values) as the gradient of
+        ``_lookup_weights()``: here a 1-D sparse COO over the elements of the flat weights
+        (``[weights.numel()]``, alignment gaps included). Segments ascend by row and tables by offset, so
+        the indices are sorted and unique: it is coalesced."""
+        return torch.sparse_coo_tensor(element.unsqueeze(0), values, (self.weights.numel(),),
+                                       check_invariants=False, is_coalesced=True)
+
     # ---- public API ----
 
+    @torch.jit.export
     def split_embedding_weights(self) -> List[torch.Tensor]:
         """One ``[num_rows, dim]`` view per table into the flat weights (writes reach the real storage)."""
+        if torch.jit.is_scripting():
+            return self._scripted_split_embedding_weights()
         flat = self.weights.detach()
         return [flat[off:off + rows * dim].view(rows, dim)
                 for off, (rows, dim) in zip(self.table_offsets, self.embedding_specs)]
 
+    @torch.jit.export
     def split_optimizer_states(self) -> List[List[torch.Tensor]]:
         """Per table, views of its optimizer state (writes reach the module's buffers): row-wise Adagrad
         ``[momentum1 [rows]]``, Adam and LAMB ``[momentum1 [rows, dim], momentum2 [rows, dim]]``, Adagrad
         and LARS ``[momentum1 [rows, dim]]``, the partial row-wise Adam and LAMB ``[momentum1 [rows, dim],
         momentum2 [rows]]``, SGD and NONE ``[]``."""
+        if torch.jit.is_scripting():
+            return self._scripted_split_optimizer_states()
         states: List[List[torch.Tensor]] = []
         for t, (rows, dim) in enumerate(self.embedding_specs):
             if self.optimizer == OptimType.EXACT_ROWWISE_ADAGRAD:
@@ -569,6 +715,8 @@ class TableBatchedEmbedding(nn.Module):
         repair them in the caller's tensors, as FBGEMM does (also when they had to be converted or made
         contiguous for the lookup: the repaired values are copied back).
         """
+        if torch.jit.is_scripting():
+            return self._scripted_forward(indices, offsets, per_sample_weights)
         self._check_inputs(indices, offsets, per_sample_weights)
         idx, off = indices, offsets
         if idx.dtype != off.dtype:
@@ -582,36 +730,167 @@ class TableBatchedEmbedding(nn.Module):
             if off is not offsets:
                 offsets.copy_(off)
         placeholder = getattr(self, _PLACEHOLDER, None)
-        if torch.is_grad_enabled() and (self.weights.requires_grad or (
+        weights = self._lookup_weights()
+        if torch.is_grad_enabled() and (weights.requires_grad or (
                 placeholder is not None and placeholder.requires_grad) or (
                 per_sample_weights is not None and per_sample_weights.requires_grad)):
-            return TBELookupFunction.apply(self, idx, off, self.weights, per_sample_weights, placeholder)
+            return TBELookupFunction.apply(self, idx, off, weights, per_sample_weights, placeholder)
         return self._forward_op(self.weights, idx, off, per_sample_weights)
 
     def _check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor,
                       per_sample_weights: Optional[torch.Tensor]) -> None:
-        device = self.weights.device
-        for name, t in (("indices", indices), ("offsets", offsets)):
-            if not isinstance(t, torch.Tensor) or t.dim() != 1 or t.dtype not in (torch.int32, torch.int64):
-                what = f"{t.dtype} tensor of shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-                raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got {what}")
-            if t.device != device:
-                raise ValueError(f"{name} is on {t.device} but the tables are on {device}")
-        if offsets.numel() < 1 or (offsets.numel() - 1) % self.num_features != 0:
-            raise ValueError(f"offsets must have T * B + 1 entries (T = {self.num_features} features), "
-                             f"got {offsets.numel()}")
-        if per_sample_weights is not None:
-            if per_sample_weights.dtype != torch.float32 or per_sample_weights.dim() != 1:
-                raise ValueError(f"per_sample_weights must be a 1-D float32 tensor, got {per_sample_weights.dtype} "
-                                 f"of shape {tuple(per_sample_weights.shape)}")
-            if per_sample_weights.numel() != indices.numel():
-                raise ValueError(f"per_sample_weights must have one entry per index ({indices.numel()}), "
-                                 f"got {per_sample_weights.numel()}")
-            if per_sample_weights.device != device:
-                raise ValueError(f"per_sample_weights is on {per_sample_weights.device} but the tables are on {device}")
+        """Eager: what is not a tensor at all, then the checks a scripted module runs too."""
+        for name, t in (("indices", indices), ("offsets", offsets), ("per_sample_weights", per_sample_weights)):
+            if not isinstance(t, torch.Tensor) and not (name == "per_sample_weights" and t is None):
+                raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
+        self._scripted_check_inputs(indices, offsets, per_sample_weights)
 
     def extra_repr(self) -> str:
         return (f"tables={len(self.embedding_specs)}, features={self.num_features}, total_D={self.total_D}, "
                 f"pooling_mode={self.pooling_mode.name}, weights_precision={self.weights_precision}, "
                 f"output_dtype={self.output_dtype}, bounds_check_mode={self.bounds_check_mode.name}, "
                 f"optimizer={None if self.optimizer is None else self.optimizer.name}")
+
+    # ---- TorchScript (docs/tbe.md, "TorchScript") ----
+    # torch.jit.script compiles the torch.jit.is_scripting() branch of forward and of the exported methods,
+    # which call these; eager and torch.compile'd modules never run them. In TorchScript the module's
+    # IntEnum attributes are ints (compared with the members' .value) and its torch dtypes ScalarTypes. The
+    # checks are _check_inputs' (a scripted module raises torch.jit.Error carrying the message).
+
+    def _scripted_forward(self, indices: torch.Tensor, offsets: torch.Tensor,
+                          per_sample_weights: Optional[torch.Tensor]) -> torch.Tensor:
+        self._scripted_check_inputs(indices, offsets, per_sample_weights)
+        idx, off = self._scripted_bounds_check(indices, offsets)
+        return self._scripted_lookup(idx, off, per_sample_weights)
+
+    def _scripted_check_index_tensor(self, name: str, t: torch.Tensor) -> None:
+        if t.dim() != 1 or (t.dtype != torch.int32 and t.dtype != torch.int64):
+            raise ValueError(f"{name} must be a 1-D int32 or int64 tensor, got {_dtype_name(t.dtype)} tensor of "
+                             f"shape {_shape_text(t)}")
+        if t.device != self.weights.device:
+            raise ValueError(f"{name} is on {t.device} but the tables are on {self.weights.device}")
+
+    def _scripted_check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor,
+                               per_sample_weights: Optional[torch.Tensor]) -> None:
+        self._scripted_check_index_tensor("indices", indices)
+        self._scripted_check_index_tensor("offsets", offsets)
+        if offsets.numel() < 1 or (offsets.numel() - 1) % self.num_features != 0:
+            raise ValueError(f"offsets must have T * B + 1 entries (T = {self.num_features} features), "
+                             f"got {offsets.numel()}")
+        if per_sample_weights is not None:
+            if per_sample_weights.dtype != torch.float32 or per_sample_weights.dim() != 1:
+                raise ValueError(f"per_sample_weights must be a 1-D float32 tensor, got "
+                                 f"{_dtype_name(per_sample_weights.dtype)} of shape {_shape_text(per_sample_weights)}")
+            if per_sample_weights.numel() != indices.numel():
+                raise ValueError(f"per_sample_weights must have one entry per index ({indices.numel()}), "
+                                 f"got {per_sample_weights.numel()}")
+            if per_sample_weights.device != self.weights.device:
+                raise ValueError(f"per_sample_weights is on {per_sample_weights.device} but the tables are on "
+                                 f"{self.weights.device}")
+
+    def _scripted_bounds_check(self, indices: torch.Tensor, offsets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """forward's conversion and bounds check (repairs copied back into the caller's tensors)."""
+        idx, off = indices, offsets
+        if idx.dtype != off.dtype:
+            idx, off = idx.long(), off.long()
+        idx, off = idx.contiguous(), off.contiguous()
+        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode),
+                                               self.bounds_check_warning, None, None, -1)
+        if int(self.bounds_check_mode) != BoundsCheckMode.FATAL.value:
+            if idx is not indices:
+                indices.copy_(idx)
+            if off is not offsets:
+                offsets.copy_(off)
+        return idx, off
+
+    def _scripted_optimizer(self) -> int:
+        """The optimizer's code, -1 for an inference-only module (optimizer=None)."""
+        optimizer = self.optimizer
+        if optimizer is None:
+            return -1
+        return int(optimizer)
+
+    def _scripted_lookup(self, indices: torch.Tensor, offsets: torch.Tensor,
+                         per_sample_weights: Optional[torch.Tensor]) -> torch.Tensor:
+        """The lookup of checked inputs: tbe_lookup (the fused update or the sparse gradient in its
+        backward) when forward would call TBELookupFunction, else tbe_forward."""
+        device = self.weights.device
+        placeholder = torch.empty(0, dtype=torch.float32, device=device)
+        momentum1, momentum2 = placeholder, placeholder
+        counters = torch.empty(0, dtype=torch.int64, device=device)
+        if hasattr(self, "placeholder_autograd_tensor"):
+            placeholder = self.placeholder_autograd_tensor
+        if hasattr(self, "momentum1"):
+            momentum1 = self.momentum1
+        if hasattr(self, "momentum2"):
+            momentum2 = self.momentum2
+        if hasattr(self, "optimizer_counters"):
+            counters = self.optimizer_counters
+        weights = self._scripted_lookup_weights()
+        requires_grad = weights.requires_grad or placeholder.requires_grad
+        if per_sample_weights is not None:
+            requires_grad = requires_grad or per_sample_weights.requires_grad
+        if torch.is_grad_enabled() and requires_grad:
+            return torch.ops.hipdlrm.tbe_lookup(
+                weights, placeholder, self.weights_offsets, self.D_offsets, self.rows_per_table,
+                self.row_offsets, self.total_rows, self.total_D, self.max_D, indices, offsets,
+                int(self.pooling_mode), per_sample_weights, self.output_dtype, self._scripted_optimizer(), momentum1,
+                momentum2, self.learning_rate, self.eps, self.beta1, self.beta2, self.weight_decay,
+                int(self.weight_decay_mode), self.stochastic_rounding, counters, self.eta, self.momentum,
+                self.max_norm, self.gradient_clipping, self.max_gradient)
+        return torch.ops.hipdlrm.tbe_forward(self.weights, self.weights_offsets, self.D_offsets, self.rows_per_table,
+                                             self.total_D, self.max_D, indices, offsets, int(self.pooling_mode),
+                                             per_sample_weights, self.output_dtype)
+
+    def _scripted_lookup_weights(self) -> torch.Tensor:
+        """_lookup_weights()."""
+        return self.weights
+
+    def _scripted_split_embedding_weights(self) -> List[torch.Tensor]:
+        flat = self.weights.detach()
+        tables: List[torch.Tensor] = []
+        for t in range(len(self.embedding_specs)):
+            rows, dim = self.embedding_specs[t]
+            start = self.table_offsets[t]
+            tables.append(flat[start:start + rows * dim].view(rows, dim))
+        return tables
+
+    def _scripted_split_optimizer_states(self) -> List[List[torch.Tensor]]:
+        """split_optimizer_states' views, from the states the module has: momentum1 is per row for row-wise
+        Adagrad, momentum2 per row for the partial row-wise optimizers, both per element otherwise."""
+        optimizer = self._scripted_optimizer()
+        states: List[List[torch.Tensor]] = []
+        for t in range(len(self.embedding_specs)):
+            rows, dim = self.embedding_specs[t]
+            start, row_start = self.table_offsets[t], self.table_row_offsets[t]
+            table: List[torch.Tensor] = []
+            if hasattr(self, "momentum1"):
+                if optimizer == OptimType.EXACT_ROWWISE_ADAGRAD.value:
+                    table.append(self.momentum1.detach()[row_start:row_start + rows])
+                else:
+                    table.append(self.momentum1.detach()[start:start + rows * dim].view(rows, dim))
+            if hasattr(self, "momentum2"):
+                if (optimizer == OptimType.PARTIAL_ROWWISE_ADAM.value
+                        or optimizer == OptimType.PARTIAL_ROWWISE_LAMB.value):
+                    table.append(self.momentum2.detach()[row_start:row_start + rows])
+                else:
+                    table.append(self.momentum2.detach()[start:start + rows * dim].view(rows, dim))
+            states.append(table)
+        return states
+
+
+def _shape_text(t: torch.Tensor) -> str:
+    """A shape as eager messages print it, (3,) or (2, 4), in eager and TorchScript alike."""
+    dims = [str(d) for d in t.shape]
+    return "(" + (dims[0] + "," if len(dims) == 1 else ", ".join(dims)) + ")"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """A dtype as eager error messages print it (TorchScript formats a dtype as its code)."""
+    for name, known in (("torch.float32", torch.float32), ("torch.float16", torch.float16),
+                        ("torch.bfloat16", torch.bfloat16), ("torch.float64", torch.float64),
+                        ("torch.int32", torch.int32), ("torch.int64", torch.int64), ("torch.int16", torch.int16),
+                        ("torch.int8", torch.int8), ("torch.uint8", torch.uint8), ("torch.bool", torch.bool)):
+        if dtype == known:
+            return name
+    return "a tensor of another dtype"

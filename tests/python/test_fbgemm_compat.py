@@ -224,12 +224,25 @@ REJECTED = [
     ("uvm_non_rowwise_momentum", True, "device memory"),
     ("multipass_prefetch_config", object(), "cache"),
     ("stats_reporter_config", object(), "reporting"),
-    ("optimizer_state_dtypes", {"momentum1": hf.SparseType.FP16}, "fp32"),
+    ("optimizer_state_dtypes", {"momentum1": hf.SparseType.FP16}, "PARTIAL_ROWWISE_ADAM"),
     ("tbe_input_multiplexer_config", object(), "multiplexer"),
     ("enable_raw_embedding_streaming", True, "False"),
     ("is_qr_tbe", True, "QR"),
     ("preallocated_host_buffers", {"weights": torch.zeros(1)}, "allocates"),
 ]
+
+
+def test_partial_rowwise_adam_keeps_narrower_states():
+    # FBGEMM's optimizer_state_dtypes: PARTIAL_ROWWISE_ADAM's states in FP16 / BF16 (the update itself is
+    # tested in test_tbe_backward.py, test_partial_rowwise_adam_narrow_states_match_the_formula).
+    tbe = _make(optimizer=hf.EmbOptimType.PARTIAL_ROWWISE_ADAM,
+                optimizer_state_dtypes={"momentum1": hf.SparseType.FP16, "momentum2": hf.SparseType.BF16})
+    for m, v in tbe.split_optimizer_states():
+        assert m.dtype == torch.float16 and v.dtype == torch.bfloat16
+    with pytest.raises(NotImplementedError, match=r"optimizer_state_dtypes\['momentum2'\].*INT8"):
+        _make(optimizer=hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, optimizer_state_dtypes={"momentum2": hf.SparseType.INT8})
+    with pytest.raises(ValueError, match="unknown state 'm1'"):
+        _make(optimizer=hf.EmbOptimType.PARTIAL_ROWWISE_ADAM, optimizer_state_dtypes={"m1": hf.SparseType.FP16})
 
 
 @pytest.mark.parametrize("name, value, words", REJECTED, ids=[f"{n}={v}" for n, v, _ in REJECTED])
@@ -311,14 +324,12 @@ def test_weight_decay_as_fbgemm_applies_it():
 # ---- forward arguments ------------------------------------------------------------------------------------
 
 
-def test_forward_rejects_preallocated_vbe_output_and_streaming_inputs():
+def test_forward_rejects_streaming_inputs_and_vbe_output_without_vbe():
+    # vbe_output itself: tests/python/test_fbgemm_none_and_vbe_output.py
     tbe = _make()
     idx, off = torch.tensor([1, 2]), torch.tensor([0, 1, 2])
-    with pytest.raises(NotImplementedError, match="vbe_output"):
-        tbe(idx, off, batch_size_per_feature_per_rank=[[1], [1]], vbe_output=torch.zeros(12),
-            vbe_output_offsets=torch.tensor([[0, 4]]))
-    with pytest.raises(NotImplementedError, match="vbe_output"):
-        tbe(idx, off, vbe_output=torch.zeros(1, 12))
+    with pytest.raises(ValueError, match="vbe_output.*batch_size_per_feature_per_rank"):
+        tbe(idx, off, vbe_output=torch.zeros(12), vbe_output_offsets=torch.tensor([[0, 4]]))
     with pytest.raises(NotImplementedError, match="hash_zch_identities"):
         tbe(idx, off, hash_zch_identities=torch.zeros(2, 1))
 
@@ -937,6 +948,7 @@ def test_vbe_one_bag_per_rank_is_the_fixed_batch_output_flattened():
 
 def test_vbe_optimizer_none_gives_the_tables_gradient():
     specs, ftm = LAYOUTS["shared_tables"]
+    specs = [(rows, 4) for rows, _ in specs]  # NONE: one dim for every table (FBGEMM's rule)
     batch_sizes = VBE_BATCH_SIZES["shared_tables"][0]
     gen = torch.Generator().manual_seed(8)
     tbe = hf.SplitTableBatchedEmbeddingBagsCodegen([(r, d) + CPU_SPEC for r, d in specs], feature_table_map=ftm,
@@ -950,11 +962,8 @@ def test_vbe_optimizer_none_gives_the_tables_gradient():
     tables = [t.detach().double().requires_grad_() for t in tbe.split_embedding_weights()]
     vbe_reference_forward(tables, ftm, hf.PoolingMode.SUM, indices, offsets, psw.double(),
                           batch_sizes).backward(grad.double())
-    dense = tbe.weights.grad.to_dense()
-    for view, table in zip(tbe.split_embedding_weights(), tables):
-        start = view.storage_offset()
-        ours = dense[start:start + view.numel()].view(view.shape)
-        torch.testing.assert_close(ours.double(), table.grad, rtol=1e-6, atol=1e-6)
+    dense = tbe.weights_dev.grad.to_dense()  # FBGEMM's [total_rows, dim]
+    torch.testing.assert_close(dense.double(), torch.cat([t.grad for t in tables]), rtol=1e-6, atol=1e-6)
 
 
 def test_vbe_feature_requires_grad():
@@ -1075,6 +1084,34 @@ def test_vbe_gpu_matches_cpu(optimizer):
             torch.testing.assert_close(x.cpu(), y, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_vbe_gpu_step_has_no_host_sync():
+    """A VBE training step (bounds check in its VBE mode, lookup, fused update) reads no value on the host
+    once its batch-size layout is built: torch.cuda.set_sync_debug_mode("error") raises on any sync."""
+    specs, ftm = LAYOUTS["shared_tables"]
+    gen = torch.Generator().manual_seed(5)
+    tbe = hf.SplitTableBatchedEmbeddingBagsCodegen(
+        [(r, d, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CUDA) for r, d in specs], feature_table_map=ftm,
+        optimizer=hf.EmbOptimType.EXACT_ROWWISE_ADAGRAD, bounds_check_mode=hf.BoundsCheckMode.FATAL)
+    batch_sizes = VBE_BATCH_SIZES["shared_tables"][0]
+    batches = [[t.cuda() for t in _vbe_batch(gen, specs, ftm, batch_sizes, max_len=4, weighted=True)]
+               for _ in range(3)]
+
+    def step(indices, offsets, psw):
+        out = tbe(indices, offsets, psw, batch_size_per_feature_per_rank=batch_sizes)
+        out.backward(torch.ones_like(out))
+
+    step(*batches[0])  # builds and keeps the layout of these batch sizes
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for b in batches[1:]:
+            step(*b)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    hipdlrm.synchronize()  # and nothing was recorded on the device
+
+
 # ---- methods ----------------------------------------------------------------------------------------------
 
 
@@ -1128,12 +1165,12 @@ def test_optimizer_none_has_no_state_and_gives_a_sparse_gradient():
     indices, offsets = torch.tensor([1, 1, 3, 6]), torch.tensor([0, 2, 3, 4, 4])
     grad = torch.randn(2, 8)
     tbe(indices, offsets, total_unique_indices=3).backward(grad)
-    dense = tbe.weights.grad.to_dense()
-    expected = torch.zeros_like(dense)
-    tables = tbe.split_embedding_weights()
-    expected[tables[0].storage_offset() + 4:tables[0].storage_offset() + 8] = 2 * grad[0, :4]
-    expected[tables[0].storage_offset() + 12:tables[0].storage_offset() + 16] = grad[1, :4]
-    expected[tables[1].storage_offset() + 24:tables[1].storage_offset() + 28] = grad[0, 4:]
+    # FBGEMM's layout: weights_dev's [total_rows, dim] row-sparse gradient (test_fbgemm_none_and_vbe_output.py).
+    dense = tbe.weights_dev.grad.to_dense()
+    expected = torch.zeros(17, 4)
+    expected[1] = 2 * grad[0, :4]
+    expected[3] = grad[1, :4]
+    expected[10 + 6] = grad[0, 4:]
     torch.testing.assert_close(dense, expected)
 
 
@@ -1312,9 +1349,9 @@ def test_fbgemm_cpu_rowwise_adagrad_ignores_weight_decay(mode):
 FBGEMM_IMPORT = "fbgemm_gpu.split_table_batched_embeddings_ops_training"
 
 
-def _run_script(path, out, env_python_path):
+def _run_script(path, out, env_python_path, *flags):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (env_python_path, os.environ.get("PYTHONPATH")) if p))
-    proc = subprocess.run([sys.executable, path, "--out", str(out)], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, path, "--out", str(out), *flags], capture_output=True, text=True, env=env,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return torch.load(out)
@@ -1329,23 +1366,48 @@ def test_training_script_runs(tmp_path):
 
 @needs_fbgemm
 def test_training_script_matches_fbgemm(tmp_path):
-    with open(SCRIPT) as f:
-        source = f.read()
-    lines = source.splitlines(keepends=True)
+    ours = _run_script(SCRIPT, tmp_path / "hipdlrm.pt", REPO_PYTHON)
+    theirs = _run_script(_fbgemm_script(tmp_path), tmp_path / "fbgemm.pt", REPO_PYTHON)
+    _assert_same_training(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+# FBGEMM's CPU result of the script (its import pointed at fbgemm_gpu, fbgemm-gpu-cpu 1.8.0), kept so that the
+# GPU run, on a machine without fbgemm_gpu, is compared with FBGEMM too; the next test keeps it current.
+FBGEMM_RESULT = os.path.join(os.path.dirname(__file__), "fbgemm_scripts", "fbgemm_cpu_result.pt")
+
+
+def _fbgemm_script(tmp_path):
+    lines = open(SCRIPT).read().splitlines(keepends=True)
     import_lines = [i for i, line in enumerate(lines) if line.startswith(("from hipdlrm", "import hipdlrm"))]
     assert len(import_lines) == 1 and lines[import_lines[0]].startswith("from hipdlrm.fbgemm import ")
     lines[import_lines[0]] = lines[import_lines[0]].replace("hipdlrm.fbgemm", FBGEMM_IMPORT)
-    fbgemm_script = tmp_path / "train_tbe_fbgemm.py"
-    fbgemm_script.write_text("".join(lines))
-    ours = _run_script(SCRIPT, tmp_path / "hipdlrm.pt", REPO_PYTHON)
-    theirs = _run_script(str(fbgemm_script), tmp_path / "fbgemm.pt", REPO_PYTHON)
-    torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(theirs["losses"]), rtol=1e-5, atol=1e-6)
+    path = tmp_path / "train_tbe_fbgemm.py"
+    path.write_text("".join(lines))
+    return str(path)
+
+
+def _assert_same_training(ours, theirs, rtol, atol):
+    torch.testing.assert_close(torch.tensor(ours["losses"]), torch.tensor(theirs["losses"]), rtol=rtol, atol=atol)
     assert ours["learning_rate"] == theirs["learning_rate"]
-    for a, b in zip(ours["tables"], theirs["tables"]):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    for a, b in zip(ours["states"], theirs["states"]):
-        for x, y in zip(a, b):
-            torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    for a, b in zip(ours["tables"], theirs["tables"], strict=True):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+    for a, b in zip(ours["states"], theirs["states"], strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, rtol=rtol, atol=atol)
+
+
+@needs_fbgemm
+def test_kept_fbgemm_result_is_fbgemms(tmp_path):
+    _assert_same_training(_run_script(_fbgemm_script(tmp_path), tmp_path / "fbgemm.pt", REPO_PYTHON),
+                          torch.load(FBGEMM_RESULT), rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_training_script_matches_fbgemm(tmp_path):
+    """The script unchanged on the GPU (`--device cuda`: FBGEMM's DEVICE / CUDA tables) against FBGEMM's CPU
+    run of it; the dense layers' GPU matmuls sum in another order than the CPU's, hence the tolerance."""
+    ours = _run_script(SCRIPT, tmp_path / "hipdlrm.pt", REPO_PYTHON, "--device", "cuda")
+    _assert_same_training(ours, torch.load(FBGEMM_RESULT), rtol=1e-4, atol=1e-5)
 
 
 # ---- the standalone bounds check, FBGEMM's signature ------------------------------------------------------

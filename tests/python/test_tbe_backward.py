@@ -1352,3 +1352,104 @@ def test_gpu_step_has_no_host_sync(optimizer):
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert int(module.optimizer_counters[0]) == 3
+
+
+# ----------------------------------------------------------------------------------------------
+# Partial row-wise Adam's narrower states (FBGEMM's optimizer_state_dtypes)
+# ----------------------------------------------------------------------------------------------
+
+NARROW_STATES = [(torch.float16, torch.float32), (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16)]
+
+
+def _narrow_ids(pair):
+    return "m1_{}-m2_{}".format(*(str(d)[6:] for d in pair))
+
+
+def _narrow_tol(dtype):
+    """One unit in the last place of the stored state's dtype, relative."""
+    return {torch.float32: dict(rtol=1e-5, atol=1e-7), torch.float16: dict(rtol=1e-3, atol=1e-6),
+            torch.bfloat16: dict(rtol=8e-3, atol=1e-6)}[dtype]
+
+
+@pytest.mark.parametrize("states", NARROW_STATES, ids=_narrow_ids)
+def test_partial_rowwise_adam_narrow_states_match_the_formula(states):
+    """The states are kept in their dtype: the fp64 formula from the states as stored (rounded to their
+    dtype after every step) gives the same tables and states."""
+    m1_dtype, m2_dtype = states
+    module = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM,
+                  optimizer_state_dtypes={"momentum1": m1_dtype, "momentum2": m2_dtype})
+    assert module.momentum1.dtype == m1_dtype and module.momentum2.dtype == m2_dtype
+    ref = ReferenceTrainer(module, OptimType.PARTIAL_ROWWISE_ADAM)
+    for step in range(3):
+        indices, offsets, psw = make_inputs(module, 6, 90 + step)
+        grad = upstream(module, indices, offsets, 95 + step)
+        train_step(module, indices, offsets, psw, grad)
+        ref.step(indices, offsets, psw, grad)
+        with torch.no_grad():
+            for m in ref.m:
+                m.copy_(m.to(m1_dtype).double())
+            for v in ref.state:
+                v.copy_(v.to(m2_dtype).double())
+    for ours, theirs in zip(module.split_embedding_weights(), ref.tables):
+        torch.testing.assert_close(ours.double(), theirs.detach(), rtol=1e-4, atol=1e-4)
+    for (m, v), m_ref, v_ref in zip(module.split_optimizer_states(), ref.m, ref.state):
+        assert m.dtype == m1_dtype and v.dtype == m2_dtype
+        torch.testing.assert_close(m.double(), m_ref, **_narrow_tol(m1_dtype))
+        torch.testing.assert_close(v.double(), v_ref, **_narrow_tol(m2_dtype))
+
+
+def test_narrow_states_survive_casts_and_checkpoints():
+    module = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM,
+                  optimizer_state_dtypes={"momentum1": torch.bfloat16})
+    module.float()
+    assert module.momentum1.dtype == torch.bfloat16 and module.momentum2.dtype == torch.float32
+    indices, offsets, psw = make_inputs(module, 6, 3)
+    train_step(module, indices, offsets, psw, upstream(module, indices, offsets, 4))
+    other = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM,
+                 optimizer_state_dtypes={"momentum1": torch.bfloat16}, seed=9)
+    other.load_state_dict(module.state_dict())
+    assert torch.equal(other.momentum1, module.momentum1)
+    fp32 = case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM)
+    with pytest.raises(ValueError, match="momentum1 must be torch.float32"):
+        fp32.load_state_dict(module.state_dict())
+
+
+def test_narrow_states_arguments():
+    with pytest.raises(ValueError, match="only OptimType.PARTIAL_ROWWISE_ADAM keeps a narrower state"):
+        case(PoolingMode.SUM, OptimType.ADAM, optimizer_state_dtypes={"momentum1": torch.float16})
+    with pytest.raises(ValueError, match="unknown state 'momentum3'"):
+        case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM, optimizer_state_dtypes={"momentum3": torch.float16})
+    with pytest.raises(ValueError, match=r"optimizer_state_dtypes\['momentum2'\] must be torch.float32, float16"):
+        case(PoolingMode.SUM, OptimType.PARTIAL_ROWWISE_ADAM, optimizer_state_dtypes={"momentum2": torch.int8})
+    # fp32 entries change nothing, with any optimizer
+    assert case(PoolingMode.SUM, OptimType.ADAM,
+                optimizer_state_dtypes={"momentum1": torch.float32}).momentum1.dtype == torch.float32
+    # the raw op takes narrow states for partial row-wise Adam only
+    module = case(PoolingMode.SUM, OptimType.ADAM)
+    module.momentum1 = module.momentum1.half()
+    indices, offsets, psw = make_inputs(module, 4, 5)
+    with pytest.raises(RuntimeError, match="momentum1 must be a 1-D float32 tensor"):
+        train_step(module, indices, offsets, psw, upstream(module, indices, offsets, 6))
+
+
+@requires_gpu
+@pytest.mark.parametrize("states", NARROW_STATES, ids=_narrow_ids)
+@pytest.mark.parametrize("weights", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("pooling", [PoolingMode.SUM, PoolingMode.MEAN], ids=lambda p: p.name)
+def test_gpu_narrow_states_match_cpu(states, weights, pooling):
+    m1_dtype, m2_dtype = states
+    seed = _seed("narrow", states, weights, pooling)
+    cpu, gpu = gpu_pair(pooling, OptimType.PARTIAL_ROWWISE_ADAM, weights, seed,
+                        optimizer_state_dtypes={"momentum1": m1_dtype, "momentum2": m2_dtype})
+    assert gpu.momentum1.dtype == m1_dtype and gpu.momentum2.dtype == m2_dtype
+    for step in range(3):
+        hot = (0, 0, 1500) if step == 1 else None
+        indices, offsets, psw = make_inputs(cpu, 40, seed + step, hot=hot)
+        grad = upstream(cpu, indices, offsets, seed + 10 + step)
+        train_step(cpu, indices, offsets, psw, grad)
+        train_step(gpu, indices, offsets, psw, grad, device="cuda")
+    t = tol(weights) if weights != torch.float32 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gpu.weights.detach().cpu().float(), cpu.weights.detach().float(), **t)
+    for (m, v), (m_cpu, v_cpu) in zip(gpu.split_optimizer_states(), cpu.split_optimizer_states()):
+        torch.testing.assert_close(m.cpu().float(), m_cpu.float(), **_narrow_tol(m1_dtype))
+        torch.testing.assert_close(v.cpu().float(), v_cpu.float(), **_narrow_tol(m2_dtype))

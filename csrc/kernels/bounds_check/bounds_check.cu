@@ -649,6 +649,44 @@ gpu::status_t launch_record_fatal(const Report* report, const CallShape& shape, 
   return gpu::last_launch_status();
 }
 
+namespace {
+
+// One thread: T + 1 values, checked and bounded in order (T is the number of tables, at most thousands); the
+// first failure is recorded once, after the loop.
+__global__ void check_b_offsets_kernel(BOffsetsCheck c, common::DeviceErrorSink sink) {
+  const std::int64_t T = c.num_tables;
+  int kind = -1;
+  std::int64_t where = 0, value = 0, other = 0;
+  auto fail = [&](int k, std::int64_t table, std::int64_t v, std::int64_t o) {
+    if (kind >= 0) return;
+    kind = k;
+    where = table;
+    value = v;
+    other = o;
+  };
+  const std::int64_t first = c.b_offsets[0];
+  if (first != 0) fail(kFirstNotZero, 0, first, 0);
+  c.bounded[0] = 0;
+  std::int64_t previous = first, bound = 0;
+  for (std::int64_t t = 0; t < T; ++t) {
+    const std::int64_t next = c.b_offsets[t + 1];
+    if (next < previous) fail(kDecreasing, t + 1, next, previous);
+    if (c.max_B >= 0 && next - previous > c.max_B) fail(kAboveMaxB, t, next - previous, c.max_B);
+    previous = next;
+    bound = clamp64(next, bound, c.total_bags);
+    c.bounded[t + 1] = static_cast<std::int32_t>(t + 1 == T ? c.total_bags : bound);
+  }
+  if (previous != c.total_bags) fail(kLastNotBags, T, previous, c.total_bags);
+  if (kind >= 0) common::record_device_error(sink, common::ErrorOp::kBoundsCheck, kBOffsetsCode, kind, where, value, other);
+}
+
+}  // namespace
+
+gpu::status_t launch_check_b_offsets(const BOffsetsCheck& c, const common::DeviceErrorSink& sink, gpu::stream_t stream) {
+  check_b_offsets_kernel<<<1, 1, 0, stream>>>(c, sink);
+  return gpu::last_launch_status();
+}
+
 template std::size_t workspace_bytes<std::int32_t>(const Problem<std::int32_t>&, int);
 template std::size_t workspace_bytes<std::int64_t>(const Problem<std::int64_t>&, int);
 template gpu::status_t launch<std::int32_t>(const Problem<std::int32_t>&, void*, void*, int, gpu::stream_t);

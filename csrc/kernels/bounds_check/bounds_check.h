@@ -40,6 +40,21 @@ struct CallShape {
 gpu::status_t launch_record_fatal(const Report* report, const CallShape& shape, const common::DeviceErrorSink& sink,
                                   int code, gpu::stream_t stream);
 
+// ---- B_offsets (variable batch sizes) judged on the device ---------------------------------------------
+// The GPU path reads no value of B_offsets on the host. One thread applies the CPU's checks of
+// check_arguments in the CPU's order and records the first failure in `sink` (ErrorOp::kBoundsCheck,
+// code kBOffsetsCode, values {BOffsetsProblem kind, table, value, other}: bounds_check_types.h); whatever
+// B_offsets holds, it writes `bounded`: B_offsets made safe for the check kernels (bounded[0] = 0,
+// non-decreasing, at most total_bags, bounded[num_tables] = total_bags), which the launch then reads instead.
+struct BOffsetsCheck {
+  const std::int32_t* b_offsets = nullptr;  // [num_tables + 1], device
+  std::int32_t* bounded = nullptr;          // [num_tables + 1], device, written
+  std::int64_t num_tables = 0;
+  std::int64_t total_bags = 0;
+  std::int64_t max_B = -1;                  // < 0: no bound
+};
+gpu::status_t launch_check_b_offsets(const BOffsetsCheck& c, const common::DeviceErrorSink& sink, gpu::stream_t stream);
+
 }  // namespace bounds_check
 }  // namespace kernels
 }  // namespace hipdlrm

@@ -27,6 +27,16 @@ struct Report {
   std::int64_t first_bad_bag_end;
 };
 
+// The first invalid value of B_offsets (variable batch sizes), as the checks meet them: the CPU's on the
+// host, the GPU's on the device (an error record of code kBOffsetsCode).
+constexpr int kBOffsetsCode = 2;
+enum BOffsetsProblem : int {
+  kFirstNotZero = 0,  // B_offsets[0] = value != 0
+  kDecreasing = 1,    // B_offsets[table] = value < B_offsets[table - 1] = other
+  kAboveMaxB = 2,     // table has value bags, more than max_B = other
+  kLastNotBags = 3,   // B_offsets[num_tables] = value != total_bags = other
+};
+
 template <typename index_t>
 struct Problem {
   const std::int64_t* rows_per_table = nullptr;  // [num_tables]

@@ -33,6 +33,7 @@ enum class ErrorOp : std::int32_t {
   kGroupIndexSelect = 2,
   kHstuMha = 3,
   kGdpa = 4,
+  kBlockCheck = 5,  // _check_blocks (kernels/common/block_check.h)
 };
 
 constexpr int kErrorValues = 16;

@@ -177,8 +177,10 @@ struct SegmentProblem {
   std::int64_t max_D;
   std::int64_t num_indices;
   bool sequence;  // NONE pooling: the gradient row of a lookup is its own output row
-  float* momentum1;
-  float* momentum2;
+  void* momentum1;
+  void* momentum2;
+  DType momentum1_dtype;
+  DType momentum2_dtype;
   OptimizerArgs optim;
   float* grad_rows;
   std::int64_t* segment_weight_offsets;
@@ -190,8 +192,8 @@ SegmentProblem segment_problem(const BackwardProblem<index_t>& p) {
   return SegmentProblem{p.grad_output,  p.weights,     p.weights_offsets,        p.D_offsets,
                         p.row_offsets,  p.total_rows,  p.batch_size,             p.total_D,
                         p.max_D,        p.num_indices, p.pooling_mode == PoolingMode::kNone,  p.momentum1,
-                        p.momentum2,    p.optim,       p.grad_rows,              p.segment_weight_offsets,
-                        p.segment_dims};
+                        p.momentum2,    p.momentum1_dtype, p.momentum2_dtype,    p.optim,
+                        p.grad_rows,    p.segment_weight_offsets,                p.segment_dims};
 }
 
 // ---- device helpers --------------------------------------------------------------------------------
@@ -791,12 +793,93 @@ struct RowState {
   Pack<float, kVec> m2[OptimizerTraits<kOpt>::kElementStates >= 2 ? K : 1];
 };
 
-// The segment's row: its weights (and Adam's states) from element offset `offset`, and how they move.
+// ---- the optimizer state's storage --------------------------------------------------------------------
+// Every state is fp32 but partial row-wise Adam's, either of which may be fp16 or bf16 (BackwardProblem):
+// those optimizers read and write their states through these, which compile to the fp32 access for the
+// others. The dtype is the call's (one branch per access, the same for every lane).
+template <OptimType kOpt>
+constexpr bool kNarrowStates = kOpt == OptimType::kPartialRowwiseAdam;
+
+template <OptimType kOpt>
+HIPDLRM_DEVICE void* state_at(void* base, DType t, std::int64_t element) {
+  const int bytes = kNarrowStates<kOpt> && t != DType::kFloat32 ? 2 : 4;
+  return static_cast<unsigned char*>(base) + element * bytes;
+}
+
+template <OptimType kOpt>
+HIPDLRM_DEVICE bool state_whole(const void* row, DType t, std::int64_t D) {
+  const int bytes = kNarrowStates<kOpt> && t != DType::kFloat32 ? 2 : 4;
+  return D % kVec == 0 && gpu::is_aligned(row, kVec * bytes);
+}
+
+template <typename S>
+HIPDLRM_DEVICE Pack<float, kVec> widen_cols(const S* row, int col, int cols, bool whole) {
+  float v[kVec];
+  gpu::unpack_to_float(load_cols(row, col, cols, whole), v);
+  Pack<float, kVec> out;
+  memcpy(&out, v, sizeof(v));
+  return out;
+}
+
+// Columns [col, col + kVec) below `cols` of an element state's row, as fp32.
+template <OptimType kOpt>
+HIPDLRM_DEVICE Pack<float, kVec> load_state_cols(const void* row, DType t, int col, int cols, bool whole) {
+  if constexpr (kNarrowStates<kOpt>) {
+    if (t == DType::kFloat16) return widen_cols(static_cast<const half_t*>(row), col, cols, whole);
+    if (t == DType::kBFloat16) return widen_cols(static_cast<const bfloat16_t*>(row), col, cols, whole);
+  }
+  return load_cols(static_cast<const float*>(row), col, cols, whole);
+}
+
+template <typename S>
+HIPDLRM_DEVICE void narrow_cols(S* row, int col, int cols, bool whole, const float (&v)[kVec]) {
+  S out[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) out[e] = gpu::from_float<S>(v[e]);
+  store_cols(row, col, cols, whole, out);
+}
+
+template <OptimType kOpt>
+HIPDLRM_DEVICE void store_state_cols(void* row, DType t, int col, int cols, bool whole, const float (&v)[kVec]) {
+  if constexpr (kNarrowStates<kOpt>) {
+    if (t == DType::kFloat16) return narrow_cols(static_cast<half_t*>(row), col, cols, whole, v);
+    if (t == DType::kBFloat16) return narrow_cols(static_cast<bfloat16_t*>(row), col, cols, whole, v);
+  }
+  store_cols(static_cast<float*>(row), col, cols, whole, v);
+}
+
+// One row's per-row state (entry `key`), as fp32.
+template <OptimType kOpt>
+HIPDLRM_DEVICE float load_row_state(const void* states, DType t, std::uint64_t key) {
+  if constexpr (kNarrowStates<kOpt>) {
+    if (t == DType::kFloat16) return gpu::to_float(static_cast<const half_t*>(states)[key]);
+    if (t == DType::kBFloat16) return gpu::to_float(static_cast<const bfloat16_t*>(states)[key]);
+  }
+  return static_cast<const float*>(states)[key];
+}
+
+template <OptimType kOpt>
+HIPDLRM_DEVICE void store_row_state(void* states, DType t, std::uint64_t key, float v) {
+  if constexpr (kNarrowStates<kOpt>) {
+    if (t == DType::kFloat16) {
+      static_cast<half_t*>(states)[key] = gpu::from_float<half_t>(v);
+      return;
+    }
+    if (t == DType::kBFloat16) {
+      static_cast<bfloat16_t*>(states)[key] = gpu::from_float<bfloat16_t>(v);
+      return;
+    }
+  }
+  static_cast<float*>(states)[key] = v;
+}
+
+// The segment's row: its weights (and element states: first element of the row's) and how they move.
 template <typename W>
 struct RowRef {
   W* w;
-  float* m1;
-  float* m2;
+  void* m1;
+  void* m2;
+  DType m1_dtype, m2_dtype;
   bool w_whole, m_whole;
 };
 
@@ -807,9 +890,11 @@ HIPDLRM_DEVICE void load_row(const RowRef<W>& ref, std::int64_t col0, int left, 
   for (int k = 0; k < K; ++k) {
     r.w[k] = load_cols(ref.w + col0, lane_col(lane, k), left, ref.w_whole);
     if constexpr (OptimizerTraits<kOpt>::kElementStates >= 1)
-      r.m1[k] = load_cols(ref.m1 + col0, lane_col(lane, k), left, ref.m_whole);
+      r.m1[k] = load_state_cols<kOpt>(state_at<kOpt>(ref.m1, ref.m1_dtype, col0), ref.m1_dtype, lane_col(lane, k),
+                                      left, ref.m_whole);
     if constexpr (OptimizerTraits<kOpt>::kElementStates >= 2)
-      r.m2[k] = load_cols(ref.m2 + col0, lane_col(lane, k), left, ref.m_whole);
+      r.m2[k] = load_state_cols<kOpt>(state_at<kOpt>(ref.m2, ref.m2_dtype, col0), ref.m2_dtype, lane_col(lane, k),
+                                      left, ref.m_whole);
   }
 }
 
@@ -831,8 +916,10 @@ HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, 
   W out[kVec];
   round_vector<W>(next, o, row_state, col0 + col, out);
   store_cols(ref.w + col0, col, left, ref.w_whole, out);
-  if constexpr (kStates >= 1) store_cols(ref.m1 + col0, col, left, ref.m_whole, mv);
-  if constexpr (kStates >= 2) store_cols(ref.m2 + col0, col, left, ref.m_whole, vv);
+  if constexpr (kStates >= 1)
+    store_state_cols<kOpt>(state_at<kOpt>(ref.m1, ref.m1_dtype, col0), ref.m1_dtype, col, left, ref.m_whole, mv);
+  if constexpr (kStates >= 2)
+    store_state_cols<kOpt>(state_at<kOpt>(ref.m2, ref.m2_dtype, col0), ref.m2_dtype, col, left, ref.m_whole, vv);
 }
 
 // FBGEMM's max_norm after row-wise Adagrad's update (max_norm_scale): the lane's columns of the row as
@@ -908,15 +995,16 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     }
   } else {
     if (skipped) return;
-    RowRef<W> ref{static_cast<W*>(p.weights) + row_offset, nullptr, nullptr, false, false};
+    RowRef<W> ref{static_cast<W*>(p.weights) + row_offset, nullptr, nullptr, p.momentum1_dtype, p.momentum2_dtype,
+                  false, false};
     ref.w_whole = D % kVec == 0 && gpu::is_aligned(ref.w, kVec * sizeof(W));
-    if constexpr (OptimizerTraits<kOpt>::kElementStates == 1) {
-      ref.m1 = p.momentum1 + row_offset;
-      ref.m_whole = D % kVec == 0 && gpu::is_aligned(ref.m1, 16);
-    } else if constexpr (OptimizerTraits<kOpt>::kElementStates == 2) {
-      ref.m1 = p.momentum1 + row_offset;
-      ref.m2 = p.momentum2 + row_offset;
-      ref.m_whole = D % kVec == 0 && gpu::is_aligned(ref.m1, 16) && gpu::is_aligned(ref.m2, 16);
+    if constexpr (OptimizerTraits<kOpt>::kElementStates >= 1) {
+      ref.m1 = state_at<kOpt>(p.momentum1, p.momentum1_dtype, row_offset);
+      ref.m_whole = state_whole<kOpt>(ref.m1, p.momentum1_dtype, D);
+    }
+    if constexpr (OptimizerTraits<kOpt>::kElementStates >= 2) {
+      ref.m2 = state_at<kOpt>(p.momentum2, p.momentum2_dtype, row_offset);
+      ref.m_whole = ref.m_whole && state_whole<kOpt>(ref.m2, p.momentum2_dtype, D);
     }
     // A row of one chunk (every benchmark shape) loads its weights and states before its gradient is
     // summed and sums it once. A wider row goes chunk by chunk; an optimizer with row sums, which needs
@@ -928,9 +1016,10 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     float multiplier = o.learning_rate, factor = 1.0f;
     float sums[kMaxRowSums] = {};
     // The row's state (momentum1 without element states, momentum2 after one), loaded early.
-    float* const row_states = Traits::kElementStates == 0 ? p.momentum1 : p.momentum2;
+    void* const row_states = Traits::kElementStates == 0 ? p.momentum1 : p.momentum2;
+    const DType row_states_dtype = Traits::kElementStates == 0 ? p.momentum1_dtype : p.momentum2_dtype;
     float state = 0.0f;
-    if constexpr (Traits::kRowState) state = row_states[key];
+    if constexpr (Traits::kRowState) state = load_row_state<kOpt>(row_states, row_states_dtype, key);
     const std::uint64_t row_state =
         !std::is_same<W, float>::value && o.stochastic_rounding ? rounding_row_state_from(w.optim->rounding_step_state, key) : 0;
     const int passes = Traits::kRowSums > 0 && !single ? 2 : 1;
@@ -960,7 +1049,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
             multiplier = row_multiplier<kOpt>(o, state, sums, D);
             factor = row_factor<kOpt>(o, state);
             if constexpr (Traits::kRowState) {
-              if (lane == 0) row_states[key] = state;
+              if (lane == 0) store_row_state<kOpt>(row_states, row_states_dtype, key, state);
             }
             if (!single) continue;  // the second pass sums each chunk again and updates it
           }

@@ -43,8 +43,13 @@ struct BackwardProblem {
   PoolingMode pooling_mode = PoolingMode::kSum;
   const float* per_sample_weights = nullptr;  // [N] or null
   float* grad_per_sample_weights = nullptr;   // [N] (written when per_sample_weights is given)
-  float* momentum1 = nullptr;  // row-wise Adagrad: [total_rows]; the others with state: like weights
-  float* momentum2 = nullptr;  // Adam: like weights; partial row-wise Adam: [total_rows]
+  // The optimizer state: fp32 (momentum*_dtype kFloat32), except that partial row-wise Adam may keep
+  // either state in fp16 or bf16 (FBGEMM's optimizer_state_dtypes): read into fp32, updated in fp32, stored
+  // rounded to nearest.
+  void* momentum1 = nullptr;  // row-wise Adagrad: [total_rows]; the others with state: like weights
+  void* momentum2 = nullptr;  // Adam: like weights; partial row-wise Adam: [total_rows]
+  DType momentum1_dtype = DType::kFloat32;
+  DType momentum2_dtype = DType::kFloat32;
   OptimizerArgs optim;  // its per-step values are set on the device, from optimizer_counters
   // int64 [step, seed]: the backward adds 1 to step and uses the new value (not for OptimType::kNone).
   std::int64_t* optimizer_counters = nullptr;

@@ -30,14 +30,20 @@ struct Layout {
   std::int64_t num_tables = 0;
   std::int64_t total_bags = 0;
   std::int64_t batch_size = 0;            // fixed batch; 0 with variable batch
-  std::vector<std::int64_t> b_offsets;    // variable batch: host copy of B_offsets, else empty
+  std::vector<std::int64_t> b_offsets;    // variable batch, CPU: host copy of B_offsets, else empty
 };
 
-// Validates every argument (dtype, rank, device, lengths, B_offsets values) and throws a RuntimeError
-// naming the argument otherwise. Reads no value of rows_per_table (on a GPU that would be a host sync).
+// Validates every argument (dtype, rank, device, lengths) and throws a RuntimeError naming the argument
+// otherwise. Reads no value of rows_per_table (on a GPU that would be a host sync). B_offsets' values are
+// checked here only with `host_values` (the CPU path); the GPU path checks them on the device
+// (launch_check_b_offsets) and leaves layout.b_offsets empty.
 Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
                        std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
-                       const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B);
+                       const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B, bool host_values);
+
+// The message of B_offsets' first invalid value (kernels/bounds_check/bounds_check.h, BOffsetsProblem), as
+// the CPU's check words it.
+std::string b_offsets_message(int kind, std::int64_t table, std::int64_t value, std::int64_t other);
 
 // Every row count >= 0, for a rows_per_table in host memory.
 void check_rows_per_table_values(const at::Tensor& rows_per_table);

@@ -28,7 +28,7 @@ void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& 
 
 Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
                        std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
-                       const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B) {
+                       const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B, bool host_values) {
   TORCH_CHECK(mode >= 0 && mode <= 2, "bounds_check_indices: bounds_check_mode must be 0 (FATAL), 1 (WARNING) or ",
               "2 (IGNORE), got ", mode);
   TORCH_CHECK(indices.dim() == 1, "bounds_check_indices: indices must be 1-D, got shape ", indices.sizes());
@@ -71,19 +71,20 @@ Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indic
                 "tensor, got ", bo.scalar_type(), " of shape ", bo.sizes());
     TORCH_CHECK(bo.numel() == T + 1, "bounds_check_indices: B_offsets must have num_tables + 1 = ", T + 1,
                 " entries, got ", bo.numel());
-    const at::Tensor host = bo.to(at::kCPU, at::kLong).contiguous();
-    const std::int64_t* b = host.data_ptr<std::int64_t>();
-    layout.b_offsets.assign(b, b + T + 1);
-    TORCH_CHECK(layout.b_offsets[0] == 0, "bounds_check_indices: B_offsets[0] must be 0, got ", layout.b_offsets[0]);
-    for (std::int64_t t = 0; t < T; ++t) {
-      const std::int64_t bt = layout.b_offsets[t + 1] - layout.b_offsets[t];
-      TORCH_CHECK(bt >= 0, "bounds_check_indices: B_offsets must be non-decreasing, but B_offsets[", t + 1, "] = ",
-                  layout.b_offsets[t + 1], " < B_offsets[", t, "] = ", layout.b_offsets[t]);
-      TORCH_CHECK(max_B < 0 || bt <= max_B, "bounds_check_indices: table ", t, " has ", bt,
-                  " bags in B_offsets, more than max_B = ", max_B);
+    if (host_values) {
+      const at::Tensor host = bo.to(at::kCPU, at::kLong).contiguous();
+      const std::int64_t* b = host.data_ptr<std::int64_t>();
+      layout.b_offsets.assign(b, b + T + 1);
+      namespace kbc = kernels::bounds_check;
+      const auto& bo_v = layout.b_offsets;
+      TORCH_CHECK(bo_v[0] == 0, b_offsets_message(kbc::kFirstNotZero, 0, bo_v[0], 0));
+      for (std::int64_t t = 0; t < T; ++t) {
+        const std::int64_t bt = bo_v[t + 1] - bo_v[t];
+        TORCH_CHECK(bt >= 0, b_offsets_message(kbc::kDecreasing, t + 1, bo_v[t + 1], bo_v[t]));
+        TORCH_CHECK(max_B < 0 || bt <= max_B, b_offsets_message(kbc::kAboveMaxB, t, bt, max_B));
+      }
+      TORCH_CHECK(bo_v[T] == layout.total_bags, b_offsets_message(kbc::kLastNotBags, T, bo_v[T], layout.total_bags));
     }
-    TORCH_CHECK(layout.b_offsets[T] == layout.total_bags, "bounds_check_indices: B_offsets[-1] = ",
-                layout.b_offsets[T], " must equal the number of bags, offsets.numel() - 1 = ", layout.total_bags);
   } else if (T == 0) {
     TORCH_CHECK(layout.total_bags == 0, "bounds_check_indices: with no tables, offsets must have exactly one entry, got ",
                 offsets.numel());
@@ -93,6 +94,24 @@ Layout check_arguments(const at::Tensor& rows_per_table, const at::Tensor& indic
     layout.batch_size = layout.total_bags / T;
   }
   return layout;
+}
+
+std::string b_offsets_message(int kind, std::int64_t table, std::int64_t value, std::int64_t other) {
+  namespace kbc = kernels::bounds_check;
+  std::ostringstream m;
+  m << "bounds_check_indices: ";
+  switch (kind) {
+    case kbc::kFirstNotZero: m << "B_offsets[0] must be 0, got " << value; break;
+    case kbc::kDecreasing:
+      m << "B_offsets must be non-decreasing, but B_offsets[" << table << "] = " << value << " < B_offsets["
+        << table - 1 << "] = " << other;
+      break;
+    case kbc::kAboveMaxB: m << "table " << table << " has " << value << " bags in B_offsets, more than max_B = " << other; break;
+    default:
+      m << "B_offsets[-1] = " << value << " must equal the number of bags, offsets.numel() - 1 = " << other;
+      break;
+  }
+  return m.str();
 }
 
 void check_rows_per_table_values(const at::Tensor& rows_per_table) {

@@ -72,7 +72,7 @@ Report check_cpu(const std::int64_t* rows, const Layout& layout, index_t* idx, s
 void bounds_check_indices_cpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
                               std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
                               const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B) {
-  const Layout layout = check_arguments(rows_per_table, indices, offsets, mode, warning, weights, B_offsets, max_B);
+  const Layout layout = check_arguments(rows_per_table, indices, offsets, mode, warning, weights, B_offsets, max_B, true);
   check_rows_per_table_values(rows_per_table);
   const Mode m = static_cast<Mode>(mode);
   Report r;

@@ -52,8 +52,11 @@ Layout layout_of(const common::DeviceError& e) {
   return l;
 }
 
-// The record of launch_record_fatal (kernels/bounds_check/bounds_check.h): code 0 FATAL, 1 WARNING.
+// The records of launch_record_fatal (kernels/bounds_check/bounds_check.h): code 0 FATAL, 1 WARNING; and of
+// launch_check_b_offsets: kBOffsetsCode.
 std::string format_record(const common::DeviceError& e) {
+  if (e.code == kbc::kBOffsetsCode)
+    return b_offsets_message(static_cast<int>(e.values[0]), e.values[1], e.values[2], e.values[3]);
   Report r;
   std::int64_t* fields[] = {&r.index_violations,  &r.first_index_pos,    &r.first_index_value, &r.first_index_table,
                             &r.first_index_bag,   &r.first_index_limit,  &r.offset_repairs,    &r.last_offset_value,
@@ -68,7 +71,7 @@ const bool kFormatterRegistered =
 void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const at::Tensor& offsets,
              std::int64_t mode, const at::Tensor& warning, const c10::optional<at::Tensor>& weights,
              const c10::optional<at::Tensor>& B_offsets, std::int64_t max_B, bool per_thread_atomics) {
-  const Layout layout = check_arguments(rows_per_table, indices, offsets, mode, warning, weights, B_offsets, max_B);
+  const Layout layout = check_arguments(rows_per_table, indices, offsets, mode, warning, weights, B_offsets, max_B, false);
   const kbc::Mode m = static_cast<kbc::Mode>(mode);
   const c10::cuda::CUDAGuard guard(indices.device());
   const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -83,6 +86,21 @@ void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const 
   common::DeferredReports& ring = reports();
   const int slot = m == kbc::kIgnore || on_device ? -1 : ring.acquire();
 
+  // Variable batch sizes: B_offsets judged on the device (the first invalid value becomes the device error
+  // record, raised by a later call, whatever the mode, as the CPU raises it in any mode), and the check
+  // kernels read a bounded copy, so no value of B_offsets can take them out of bounds.
+  at::Tensor bounded_b_offsets;
+  if (B_offsets.has_value()) {
+    bounded_b_offsets = at::empty({layout.num_tables + 1}, B_offsets->options());
+    kbc::BOffsetsCheck c;
+    c.b_offsets = B_offsets->data_ptr<std::int32_t>();
+    c.bounded = bounded_b_offsets.data_ptr<std::int32_t>();
+    c.num_tables = layout.num_tables;
+    c.total_bags = layout.total_bags;
+    c.max_B = max_B;
+    common::check_status(kbc::launch_check_b_offsets(c, sink, stream), kOp, "B_offsets check launch");
+  }
+
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "bounds_check_indices_gpu", [&] {
     kbc::Problem<index_t> p;
     p.rows_per_table = rows_per_table.data_ptr<std::int64_t>();
@@ -92,7 +110,7 @@ void run_gpu(const at::Tensor& rows_per_table, const at::Tensor& indices, const 
     p.offsets = offsets.data_ptr<index_t>();
     p.total_bags = layout.total_bags;
     p.batch_size = layout.batch_size;
-    p.b_offsets = B_offsets.has_value() ? B_offsets->data_ptr<std::int32_t>() : nullptr;
+    p.b_offsets = B_offsets.has_value() ? bounded_b_offsets.data_ptr<std::int32_t>() : nullptr;
     p.mode = m;
     p.warning = warning.data_ptr<std::int64_t>();
     p.report = on_device ? static_cast<kbc::Report*>(device_report.data_ptr())

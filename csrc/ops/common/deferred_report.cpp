@@ -1,5 +1,7 @@
 #include "ops/common/deferred_report.h"
 
+#include "ops/common/block_check.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -68,6 +70,7 @@ void define(torch::Library& m) {
   m.def("_set_strict_checks(bool enabled) -> ()",
         [](bool enabled) { strict_flag().store(enabled, std::memory_order_relaxed); });
   m.def("_strict_checks() -> bool", [] { return strict_checks(); });
+  define_block_check(m);
 }
 
 }  // namespace common

@@ -30,7 +30,7 @@ void register_synchronize(std::function<void()> synchronize);
 // library loads; hipdlrm.set_strict_checks switches it at run time.
 bool strict_checks();
 
-// The ops every build has: _synchronize, _set_strict_checks, _strict_checks.
+// The ops every build has: _synchronize, _set_strict_checks, _strict_checks, _check_blocks (block_check.h).
 void define(torch::Library& m);
 
 }  // namespace common

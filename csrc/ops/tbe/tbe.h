@@ -17,6 +17,9 @@ using kernels::tbe::PoolingMode;
 
 void define(torch::Library& m);
 
+// The kernels' element type of a float32, float16 or bfloat16 tensor (float32 for any other).
+DType to_dtype(at::ScalarType t);
+
 // Shape facts established by check_forward_arguments().
 struct ForwardShape {
   const char* op = "tbe_forward";  // the op whose errors these are (a string literal)

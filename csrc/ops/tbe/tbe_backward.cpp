@@ -35,9 +35,12 @@ using ktbe::PoolingMode;
                                          AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 void check_state(const char* name, const at::Tensor& t, const at::Tensor& weights, std::int64_t numel,
-                 const char* why) {
-  TORCH_CHECK(t.dim() == 1 && t.scalar_type() == at::kFloat, "tbe_backward: ", name,
-              " must be a 1-D float32 tensor, got ", t.scalar_type(), " of shape ", t.sizes());
+                 const char* why, bool narrow_allowed = false) {
+  const bool dtype_ok = t.scalar_type() == at::kFloat ||
+                        (narrow_allowed && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16));
+  TORCH_CHECK(t.dim() == 1 && dtype_ok, "tbe_backward: ", name, " must be a 1-D ",
+              narrow_allowed ? "float32, float16 or bfloat16" : "float32", " tensor, got ", t.scalar_type(),
+              " of shape ", t.sizes());
   TORCH_CHECK(t.numel() == numel, "tbe_backward: ", name, " must have ", numel, " entries (", why, "), got ",
               t.numel());
   TORCH_CHECK(t.is_contiguous(), "tbe_backward: ", name, " must be contiguous");
@@ -304,8 +307,12 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
               "tbe_backward: the Adams' bias corrections 1 - beta^step must be > 0 (beta1 = ", a.beta1, ", beta2 = ",
               a.beta2, ", step = ", step, ")");
   counters[0] = step;
-  float* m1 = a.momentum1.numel() > 0 ? a.momentum1.data_ptr<float>() : nullptr;
-  float* m2 = a.momentum2.numel() > 0 ? a.momentum2.data_ptr<float>() : nullptr;
+  // Narrow states (partial row-wise Adam's optimizer_state_dtypes) are updated in fp32 copies and stored
+  // back rounded to nearest, as the GPU kernel reads, updates and stores them; rows the step does not touch
+  // convert back to their own values.
+  const at::Tensor m1_f32 = a.momentum1.to(at::kFloat), m2_f32 = a.momentum2.to(at::kFloat);
+  float* m1 = m1_f32.numel() > 0 ? m1_f32.data_ptr<float>() : nullptr;
+  float* m2 = m2_f32.numel() > 0 ? m2_f32.data_ptr<float>() : nullptr;
   HIPDLRM_TBE_DISPATCH_WEIGHTS(a.weights.scalar_type(), "tbe_backward_cpu", [&] {
     scalar_t* w = a.weights.data_ptr<scalar_t>();
     switch (o.optimizer) {
@@ -326,6 +333,8 @@ at::Tensor tbe_backward_cpu(const BackwardArgs& a) {
       case OptimType::kNone: break;  // rejected by check_optimizer_arguments
     }
   });
+  if (!m1_f32.is_same(a.momentum1)) a.momentum1.copy_(m1_f32);
+  if (!m2_f32.is_same(a.momentum2)) a.momentum2.copy_(m2_f32);
   return p.grad_psw;
 }
 
@@ -515,11 +524,13 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
     TORCH_CHECK(eps > 0.0, "tbe_backward: eps must be > 0, got ", eps);
     TORCH_CHECK(beta1 >= 0.0 && beta1 < 1.0 && beta2 >= 0.0 && beta2 < 1.0,
                 "tbe_backward: beta1 and beta2 must be in [0, 1), got ", beta1, " and ", beta2);
-    check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight");
+    // Partial row-wise Adam may keep its states in fp16 or bf16 (FBGEMM's optimizer_state_dtypes).
+    const bool narrow = opt == OptimType::kPartialRowwiseAdam;
+    check_state("momentum1", a.momentum1, weights, weights.numel(), "one per weight", narrow);
     if (opt == OptimType::kAdam || opt == OptimType::kLamb)
       check_state("momentum2", a.momentum2, weights, weights.numel(), "one per weight");
     else
-      check_state("momentum2", a.momentum2, weights, a.total_rows, "one per row, total_rows");
+      check_state("momentum2", a.momentum2, weights, a.total_rows, "one per row, total_rows", narrow);
   }
   const at::Tensor& counters = a.optimizer_counters;
   TORCH_CHECK(counters.dim() == 1 && counters.scalar_type() == at::kLong && counters.numel() == 2,

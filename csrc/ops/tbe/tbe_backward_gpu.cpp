@@ -68,8 +68,10 @@ at::Tensor tbe_backward_gpu(const BackwardArgs& a) {
   const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(a.indices.scalar_type(), "tbe_backward_gpu", [&] {
     ktbe::BackwardProblem<index_t> p = make_problem<index_t>(s, a, go, grad_psw);
-    p.momentum1 = a.momentum1.numel() > 0 ? a.momentum1.data_ptr<float>() : nullptr;
-    p.momentum2 = a.momentum2.numel() > 0 ? a.momentum2.data_ptr<float>() : nullptr;
+    p.momentum1 = a.momentum1.numel() > 0 ? a.momentum1.data_ptr() : nullptr;
+    p.momentum2 = a.momentum2.numel() > 0 ? a.momentum2.data_ptr() : nullptr;
+    p.momentum1_dtype = to_dtype(a.momentum1.scalar_type());
+    p.momentum2_dtype = to_dtype(a.momentum2.scalar_type());
     p.optim = o;
     p.optimizer_counters = a.optimizer_counters.data_ptr<std::int64_t>();
     p.beta1 = a.beta1;

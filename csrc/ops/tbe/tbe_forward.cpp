@@ -42,10 +42,6 @@ bool is_float_format(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
 }
 
-DType to_dtype(at::ScalarType t) {
-  return t == at::kHalf ? DType::kFloat16 : t == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
-}
-
 // ---- value checks (CPU only: the GPU path must not synchronise) --------------------------------------
 
 template <typename index_t>
@@ -179,6 +175,10 @@ std::string tbe_enum(c10::string_view name) {
 }
 
 }  // namespace
+
+DType to_dtype(at::ScalarType t) {
+  return t == at::kHalf ? DType::kFloat16 : t == at::kBFloat16 ? DType::kBFloat16 : DType::kFloat32;
+}
 
 void define(torch::Library& m) {
   m.def(

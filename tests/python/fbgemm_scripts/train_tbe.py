@@ -4,9 +4,10 @@ It is kept as FBGEMM's users write it: the one import below is the only line tha
 (test_fbgemm_compat.py runs this file as it is, then with that line pointing at fbgemm_gpu's training
 module, and compares the two runs). Three embedding tables of mixed dims pooled with SUM, one weighted
 feature, the row-wise Adagrad update fused into the backward, a learning-rate warm-up through
-set_learning_rate, and a checkpoint (state_dict) restored into a freshly built module half-way.
+set_learning_rate, and a checkpoint (state_dict) restored into a freshly built module half-way. The
+batches are drawn on the CPU and moved, so `--device cuda` trains on the same data.
 
-    python train_tbe.py --out result.pt
+    python train_tbe.py --out result.pt [--device cuda]
 """
 import argparse
 import io
@@ -23,9 +24,11 @@ EMB_LR = 0.5
 DENSE_LR = 0.5
 
 
-def build_embeddings():
+def build_embeddings(device):
+    location, compute = ((EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if device.type == "cuda"
+                         else (EmbeddingLocation.HOST, ComputeDevice.CPU))
     return SplitTableBatchedEmbeddingBagsCodegen(
-        [(rows, dim, EmbeddingLocation.HOST, ComputeDevice.CPU) for rows, dim in TABLES],
+        [(rows, dim, location, compute) for rows, dim in TABLES],
         optimizer=OptimType.EXACT_ROWWISE_ADAGRAD,
         learning_rate=EMB_LR,
         eps=1e-8,
@@ -56,13 +59,18 @@ def batch(gen, teacher):
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = parser.parse_args()
+    device = torch.device(args.device)
 
-    emb = build_embeddings()
-    torch.manual_seed(0)  # after construction, so the initial weights do not depend on what it drew
-    emb.init_embedding_weights_uniform(-0.1, 0.1)
+    emb = build_embeddings(device)
+    # Initial weights drawn on the CPU after construction (so they depend neither on what it drew nor on
+    # the device) and copied in.
+    torch.manual_seed(0)
+    for table, (rows, dim) in zip(emb.split_embedding_weights(), TABLES):
+        table.data.copy_(torch.empty(rows, dim).uniform_(-0.1, 0.1))
     total_dim = sum(dim for _, dim in TABLES)
-    top = torch.nn.Sequential(torch.nn.Linear(total_dim, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    top = torch.nn.Sequential(torch.nn.Linear(total_dim, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)).to(device)
     dense_opt = torch.optim.SGD(top.parameters(), lr=DENSE_LR)
 
     gen = torch.Generator().manual_seed(1)
@@ -73,10 +81,10 @@ def main() -> None:
             buffer = io.BytesIO()
             torch.save(emb.state_dict(), buffer)
             buffer.seek(0)
-            emb = build_embeddings()
+            emb = build_embeddings(device)
             emb.load_state_dict(torch.load(buffer))
         emb.set_learning_rate(EMB_LR * min(1.0, (step + 1) / WARMUP))
-        indices, offsets, weights, labels = batch(gen, teacher)
+        indices, offsets, weights, labels = (t.to(device) for t in batch(gen, teacher))
         pooled = emb(indices, offsets, per_sample_weights=weights)
         logits = top(pooled).squeeze(1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels)
@@ -90,8 +98,8 @@ def main() -> None:
     torch.save({
         "losses": losses,
         "learning_rate": emb.get_learning_rate(),
-        "tables": [t.detach().clone() for t in emb.split_embedding_weights()],
-        "states": [[s.detach().clone() for s in table] for table in emb.split_optimizer_states()],
+        "tables": [t.detach().cpu().clone() for t in emb.split_embedding_weights()],
+        "states": [[s.detach().cpu().clone() for s in table] for table in emb.split_optimizer_states()],
     }, args.out)
 
 
