@@ -27,7 +27,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -168,6 +168,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--cuda-graph with --model hstu: token-count buckets between the fewest and the most "
                         "tokens a batch can have; a batch is padded to its bucket's capacity (at most "
                         "1/N of that range) and replays that bucket's graph [default: 8]")
+    p.add_argument("--gpu-busy", type=_nonnegative_int, default=0, metavar="N",
+                   help="GPU runs: profile the last N steps of each run (torch.profiler, GPU activity only) and "
+                        "report how much of their wall time the GPU was busy (the union of its kernels, copies "
+                        "and memsets); a step the host cannot keep fed shows idle gaps. Those N steps are "
+                        "slowed by the profiler a little: measure throughput without it [default: 0, off]")
     p.add_argument("--warmup-steps", type=_nonnegative_int, default=5,
                    help="first steps of a run left out of the throughput")
     p.add_argument("--threads", type=_positive_int, default=None,
@@ -351,6 +356,7 @@ class History:
     step_ms: List[float] = field(default_factory=list)
     examples: List[int] = field(default_factory=list)
     tokens: List[int] = field(default_factory=list)
+    gpu_busy: Optional[Dict[str, float]] = None  # --gpu-busy: gpu_busy_fraction()'s result
 
 
 @dataclass
@@ -443,6 +449,41 @@ class _StepTimer:
         losses = torch.stack([loss for _, _, loss in self.pending]).float().cpu().tolist()
         self.pending = []
         return losses, times
+
+
+def busy_fraction(intervals: Sequence[Tuple[float, float]], wall: float) -> float:
+    """The part of `wall` covered by the union of the (start, end) intervals (same unit)."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        covered += end - max(start, reach)
+        reach = end
+    return covered / wall if wall > 0 else float("nan")
+
+
+class _GpuBusy:
+    """--gpu-busy: the GPU's activity over the last steps of a run, from torch.profiler's device events
+    (kernels, copies, memsets; no CPU-side recording, which would slow the host it measures)."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.profiler = None
+
+    def start(self) -> None:
+        torch.cuda.synchronize()
+        self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        self.profiler.__enter__()
+        self.wall_start = time.perf_counter()
+
+    def stop(self) -> Dict[str, float]:
+        torch.cuda.synchronize()
+        wall_us = (time.perf_counter() - self.wall_start) * 1e6
+        self.profiler.__exit__(None, None, None)
+        intervals = [(e.time_range.start, e.time_range.end) for e in self.profiler.events()
+                     if e.device_type == torch.autograd.DeviceType.CUDA]
+        return {"steps": self.steps, "busy_fraction": busy_fraction(intervals, wall_us),
+                "wall_ms_per_step": wall_us / 1e3 / self.steps, "device_events": len(intervals)}
 
 
 def train_step(model: torch.nn.Module, batch, dense_opt: torch.optim.Optimizer,
@@ -586,9 +627,14 @@ def _train_loop(args: argparse.Namespace, backend: str, device: torch.device, mo
     pending_sizes: List[tuple] = []
     graphed = GraphedStep(model, dense_opt, sparse_opt, args.amp, prepare=prepare) if args.cuda_graph and \
         backend == "hipdlrm" else None
+    busy = None
+    if getattr(args, "gpu_busy", 0) and device.type == "cuda":
+        busy = _GpuBusy(min(args.gpu_busy, args.steps - start_step))
     wall_start = time.perf_counter()
     for step in range(start_step, args.steps):
         batch = next_batch(step)
+        if busy is not None and step == args.steps - busy.steps:
+            busy.start()
         started = timer.start()
         if graphed is not None:
             loss = graphed(batch)
@@ -611,6 +657,8 @@ def _train_loop(args: argparse.Namespace, backend: str, device: torch.device, mo
             bar.update(step + 1, loss=statistics.fmean(losses),
                        **{"ex/s": sum(e for e, _ in pending_sizes) / seconds if seconds > 0 else float("nan")})
             pending_sizes = []
+    if busy is not None:
+        history.gpu_busy = busy.stop()
     wall_s = time.perf_counter() - wall_start
     peak = torch.cuda.max_memory_allocated(device) / 1e9 if device.type == "cuda" else None
     return wall_s, peak
@@ -642,6 +690,8 @@ def summarize(args: argparse.Namespace, result: RunResult) -> Dict[str, Any]:
     }
     if args.model == "hstu":
         out["tokens_per_s"] = sum(h.tokens[measured]) / seconds if seconds > 0 else None
+    if h.gpu_busy is not None:
+        out["gpu_busy"] = h.gpu_busy
     return out
 
 
@@ -897,6 +947,10 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, env: Option
         print(f"{name:<9} {_fmt_rate(run['examples_per_s'])} {unit}{extra} (median step "
               f"{run['step_ms_median']:.2f} ms over {run['steps_timed']} steps); loss {run['loss_first10']:.4f} "
               f"(first 10 steps) -> {run['loss_last10']:.4f} (last 10)")
+        if "gpu_busy" in run:
+            b = run["gpu_busy"]
+            print(f"{'':<9} GPU busy {100 * b['busy_fraction']:.1f}% of the wall time of the last {b['steps']} steps "
+                  f"({b['wall_ms_per_step']:.2f} ms per step under the profiler)")
     status = 0
     if args.baseline:
         cmp = compare(args, runs["hipdlrm"], runs[args.baseline])
