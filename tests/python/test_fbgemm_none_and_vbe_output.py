@@ -785,18 +785,19 @@ def test_check_blocks_op():
 
 @requires_gpu
 def test_gpu_vbe_output_offsets_outside_the_buffer_raise_at_the_next_call():
-    """On a GPU the offsets are judged on the device: the call returns (its write clamped into vbe_output,
-    which it may have garbled), the next hipdlrm call raises naming the argument, and the device works on."""
+    """On a GPU the offsets are judged on the device: the error is raised by a later hipdlrm call (the
+    lookup inside the same forward, or hipdlrm.synchronize(): whichever comes after the check has run), the
+    failing write is clamped into vbe_output (which it may have garbled), and the device works on."""
     tbe = hf.SplitTableBatchedEmbeddingBagsCodegen(
         [(10, 4, hf.EmbeddingLocation.DEVICE, hf.ComputeDevice.CUDA), (7, 8, hf.EmbeddingLocation.DEVICE,
                                                                        hf.ComputeDevice.CUDA)],
         optimizer=hf.EmbOptimType.EXACT_SGD)
     idx, off, bs = torch.tensor([1, 2, 3, 4, 5]).cuda(), torch.tensor([0, 1, 2, 3, 5]).cuda(), [[1, 1], [1, 1]]
     out = torch.zeros(24, device="cuda")
-    tbe(idx, off, batch_size_per_feature_per_rank=bs, vbe_output=out,
-        vbe_output_offsets=torch.tensor([[0, 4], [12, 20]], device="cuda"))  # the last block ends at 28 > 24
     with pytest.raises(RuntimeError, match=r"forward: vbe_output_offsets.reshape\(-1\)\[3\] = 20 places a block of "
                                            r"8 elements outside the 24 elements"):
+        tbe(idx, off, batch_size_per_feature_per_rank=bs, vbe_output=out,
+            vbe_output_offsets=torch.tensor([[0, 4], [12, 20]], device="cuda"))  # the last block ends at 28 > 24
         hipdlrm.synchronize()
     good = tbe(idx, off, batch_size_per_feature_per_rank=bs, vbe_output=torch.zeros(24, device="cuda"),
                vbe_output_offsets=torch.tensor([[0, 4], [12, 16]], device="cuda"))

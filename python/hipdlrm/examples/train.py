@@ -24,6 +24,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import warnings
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -479,9 +480,11 @@ class _GpuBusy:
     def stop(self) -> Dict[str, float]:
         torch.cuda.synchronize()
         wall_us = (time.perf_counter() - self.wall_start) * 1e6
-        self.profiler.__exit__(None, None, None)
-        intervals = [(e.time_range.start, e.time_range.end) for e in self.profiler.events()
-                     if e.device_type == torch.autograd.DeviceType.CUDA]
+        with warnings.catch_warnings():  # "Profiler clears events at the end of each cycle": one cycle here
+            warnings.simplefilter("ignore", UserWarning)
+            self.profiler.__exit__(None, None, None)
+            intervals = [(e.time_range.start, e.time_range.end) for e in self.profiler.events()
+                         if e.device_type == torch.autograd.DeviceType.CUDA]
         return {"steps": self.steps, "busy_fraction": busy_fraction(intervals, wall_us),
                 "wall_ms_per_step": wall_us / 1e3 / self.steps, "device_events": len(intervals)}
 
