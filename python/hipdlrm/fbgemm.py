@@ -1117,7 +1117,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             return self._scripted_forward_vbe(indices, offsets, per_sample_weights, mask,
                                               batch_size_per_feature_per_rank)
         self._scripted_check_inputs(indices, offsets, per_sample_weights)
-        idx, off = self._scripted_bounds_check(indices, offsets)
+        idx, off = self._bounds_check_inputs(indices, offsets)
         if mask is not None and per_sample_weights is not None:
             per_sample_weights = self._scripted_mask_features(per_sample_weights, off, mask)
         return self._scripted_lookup(idx, off, per_sample_weights)

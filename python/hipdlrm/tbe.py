@@ -718,17 +718,7 @@ class TableBatchedEmbedding(nn.Module):
         if torch.jit.is_scripting():
             return self._scripted_forward(indices, offsets, per_sample_weights)
         self._check_inputs(indices, offsets, per_sample_weights)
-        idx, off = indices, offsets
-        if idx.dtype != off.dtype:
-            idx, off = idx.long(), off.long()
-        idx, off = idx.contiguous(), off.contiguous()
-        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode),
-                                               self.bounds_check_warning, None, None, -1)
-        if self.bounds_check_mode != BoundsCheckMode.FATAL:
-            if idx is not indices:
-                indices.copy_(idx)
-            if off is not offsets:
-                offsets.copy_(off)
+        idx, off = self._bounds_check_inputs(indices, offsets)
         placeholder = getattr(self, _PLACEHOLDER, None)
         weights = self._lookup_weights()
         if torch.is_grad_enabled() and (weights.requires_grad or (
@@ -760,7 +750,7 @@ class TableBatchedEmbedding(nn.Module):
     def _scripted_forward(self, indices: torch.Tensor, offsets: torch.Tensor,
                           per_sample_weights: Optional[torch.Tensor]) -> torch.Tensor:
         self._scripted_check_inputs(indices, offsets, per_sample_weights)
-        idx, off = self._scripted_bounds_check(indices, offsets)
+        idx, off = self._bounds_check_inputs(indices, offsets)
         return self._scripted_lookup(idx, off, per_sample_weights)
 
     def _scripted_check_index_tensor(self, name: str, t: torch.Tensor) -> None:
@@ -788,8 +778,9 @@ class TableBatchedEmbedding(nn.Module):
                 raise ValueError(f"per_sample_weights is on {per_sample_weights.device} but the tables are on "
                                  f"{self.weights.device}")
 
-    def _scripted_bounds_check(self, indices: torch.Tensor, offsets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """forward's conversion and bounds check (repairs copied back into the caller's tensors)."""
+    def _bounds_check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """forward's conversion and bounds check, eager and scripted (repairs copied back into the caller's
+        tensors)."""
         idx, off = indices, offsets
         if idx.dtype != off.dtype:
             idx, off = idx.long(), off.long()
