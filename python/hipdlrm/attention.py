@@ -83,14 +83,15 @@ def _bool_arg(fn: str, name: str, value: Any) -> bool:
 
 @torch.library.register_fake(_FORWARD)
 def _forward_fake(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                  attn_scale_per_token, max_attn_len, contextual_seq_len, rab):
+                  attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len=0):
     torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, lambda: "q, k and v must be 3-D")
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
 
 
 @torch.library.register_fake(_BACKWARD)
 def _backward_fake(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                   attn_scale_per_token, max_attn_len, contextual_seq_len, rab, rab_requires_grad):
+                   attn_scale_per_token, max_attn_len, contextual_seq_len, rab, rab_requires_grad,
+                   min_full_attn_seq_len=0):
     torch._check(not rab_requires_grad or rab is not None, lambda: "rab_requires_grad is true but rab is None")
     grad_rab = rab.new_empty(rab.shape) if rab_requires_grad else None
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_rab
@@ -113,6 +114,12 @@ def hstu_mha(
     max_attn_len: int = 0,
     contextual_seq_len: int = 0,
     rab: Optional[torch.Tensor] = None,
+    *,
+    min_full_attn_seq_len: int = 0,
+    dropout_pr: float = 0.0,
+    training: bool = True,
+    sort_by_length: bool = False,
+    kernel: Any = None,
 ) -> torch.Tensor:
     """HSTU attention over a jagged batch; returns ``[L, H, Dv]`` in q's dtype.
 
@@ -131,6 +138,15 @@ def hstu_mha(
         rab: optional relative attention bias ``[1 or B, 1 or H, max_seq_len, max_seq_len]`` in q's dtype,
             added after alpha scales q k^T (not scaled by alpha).
 
+    generative-recommenders' keywords (so that its model code runs on hipdlrm by import):
+        min_full_attn_seq_len: with ``max_attn_len > 0``, the last ``min_full_attn_seq_len`` positions before
+            the targets (and the targets) attend without the distance limit, as GR's mask defines it.
+        dropout_pr, training: attention dropout; only ``dropout_pr == 0`` or ``training=False`` (no dropout)
+            is supported: dropout raises NotImplementedError.
+        sort_by_length: GR's kernels schedule the sequences longest first with it; the result is the same
+            either way, and hipdlrm's kernels do not reorder, so it changes nothing here.
+        kernel: GR's backend choice (its Kernel enum); ignored: hipdlrm runs its own kernels.
+
     Differentiable in q, k, v and rab; attn_scale is a constant. The scalar arguments are checked before
     anything runs: ``max_seq_len``, ``max_attn_len`` and ``contextual_seq_len`` must be ints (not bools),
     ``alpha`` a finite float (required, as in generative-recommenders), ``causal`` a bool.
@@ -141,6 +157,15 @@ def hstu_mha(
     causal = _bool_arg(fn, "causal", causal)
     max_attn_len = _int_arg(fn, "max_attn_len", max_attn_len)
     contextual_seq_len = _int_arg(fn, "contextual_seq_len", contextual_seq_len)
+    min_full_attn_seq_len = _int_arg(fn, "min_full_attn_seq_len", min_full_attn_seq_len)
+    dropout_pr = _float_arg(fn, "dropout_pr", dropout_pr)
+    training = _bool_arg(fn, "training", training)
+    _bool_arg(fn, "sort_by_length", sort_by_length)
+    if not 0.0 <= dropout_pr < 1.0:
+        raise ValueError(f"{fn}: dropout_pr must be in [0, 1), got {dropout_pr}")
+    if dropout_pr > 0.0 and training:
+        raise NotImplementedError(f"{fn}: attention dropout (dropout_pr={dropout_pr} with training=True) is not "
+                                  "implemented; pass dropout_pr=0.0 (or training=False, which disables it)")
     scale_value: Optional[float] = None
     scale_per_token: Optional[torch.Tensor] = None
     if isinstance(attn_scale, torch.Tensor):
@@ -148,4 +173,5 @@ def hstu_mha(
     elif attn_scale is not None:
         scale_value = _float_arg(fn, "attn_scale", attn_scale)
     return torch.ops.hipdlrm.hstu_mha_fwd(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, scale_value,
-                                          scale_per_token, max_attn_len, contextual_seq_len, rab)
+                                          scale_per_token, max_attn_len, contextual_seq_len, rab,
+                                          min_full_attn_seq_len)

@@ -64,13 +64,15 @@ TEST(AttentionMask, HstuTilesAgreeWithElements) {
     const int num_targets = has_targets ? static_cast<int>(rng() % (n + 1)) : 0;
     const int max_attn_len = rng() % 3 == 0 ? 0 : static_cast<int>(rng() % 8);
     const bool causal = rng() % 4 != 0;
+    const int full = max_attn_len > 0 && rng() % 2 == 0 ? static_cast<int>(rng() % 6) : 0;
     if (c > 0 && c >= n) continue;
-    const HstuMask m = HstuMask::make(n, c, num_targets, has_targets, max_attn_len, causal);
+    const HstuMask m = HstuMask::make(n, c, num_targets, has_targets, max_attn_len, causal, full);
     for_each_tile(m, n, n, [&](int i0, int i1, int j0, int j1, bool any, bool all) {
       const bool ta = m.tile_any(i0, i1, j0, j1);
-      // Sound: never skips a tile with a valid element. Exact without a contextual prefix.
+      // Sound: never skips a tile with a valid element. Exact without a contextual prefix and full rows.
       if (any) EXPECT_TRUE(ta) << "trial " << trial << " tile " << i0 << ".." << i1 << " x " << j0 << ".." << j1;
-      if (c == 0 && !any) EXPECT_FALSE(ta) << "trial " << trial << " tile " << i0 << ".." << i1 << " x " << j0 << ".." << j1;
+      if (c == 0 && full == 0 && !any)
+        EXPECT_FALSE(ta) << "trial " << trial << " tile " << i0 << ".." << i1 << " x " << j0 << ".." << j1;
       // Sound: the mask-free path only where every element inside the sequence is valid.
       if (m.tile_all(i0, i1, j0, j1)) EXPECT_TRUE(all) << "trial " << trial << " tile " << i0 << ".." << i1 << " x " << j0;
       ++checked;
@@ -81,6 +83,23 @@ TEST(AttentionMask, HstuTilesAgreeWithElements) {
         for (int j = j0; j < n; ++j) EXPECT_FALSE(m.valid(i, j)) << "trial " << trial << " i " << i << " j " << j;
   }
   EXPECT_GT(checked, 100000);
+}
+
+// min_full_attn_seq_len (generative-recommenders' mask): with a distance limit, the rows whose id is at least
+// max_id - full attend to every earlier position; the others keep the limit.
+TEST(AttentionMask, FullRowsIgnoreTheDistanceLimit) {
+  const HstuMask m = HstuMask::make(8, 0, 0, false, 2, true, 3);  // rows 5, 6, 7 see everything before them
+  for (int i = 0; i < 8; ++i)
+    for (int j = 0; j < 8; ++j) {
+      const bool expected = j <= i && (i - j <= 2 || i >= 5);
+      EXPECT_EQ(m.valid(i, j), expected) << "i " << i << " j " << j;
+    }
+  // With 2 targets the ids stop at max_id = 6: the full rows are ids 3..6 (rows 3 to 7).
+  const HstuMask t = HstuMask::make(8, 0, 2, true, 1, true, 3);
+  EXPECT_TRUE(t.valid(3, 0));
+  EXPECT_FALSE(t.valid(2, 0));
+  // Without a distance limit it means nothing.
+  EXPECT_EQ(HstuMask::make(8, 0, 0, false, 0, true, 3).full, 0);
 }
 
 // plain_causal() is the kernels' cue to test j <= i instead of valid(i, j): it must hold exactly for the

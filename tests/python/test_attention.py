@@ -46,8 +46,10 @@ LENGTHS = [0, 1, 5, 17, 0, 33, 40]
 
 
 def valid_by_formula(i: int, j: int, n: int, targets: Optional[int], causal: bool, max_attn_len: int,
-                     contextual_seq_len: int) -> bool:
-    """valid(i, j) for one sequence of length n, following the contract word for word."""
+                     contextual_seq_len: int, full: int = 0) -> bool:
+    """valid(i, j) for one sequence of length n, following the contract word for word (`full`:
+    generative-recommenders' min_full_attn_seq_len: with a distance limit, rows whose id is at least
+    max_id - full are not limited)."""
     c = contextual_seq_len
     max_id = n - c + 1 if c > 0 else n
     if targets is not None:
@@ -62,7 +64,7 @@ def valid_by_formula(i: int, j: int, n: int, targets: Optional[int], causal: boo
         d = abs(d)
     valid = i == j or d > 0
     if max_attn_len > 0:
-        valid = valid and d <= max_attn_len
+        valid = valid and (d <= max_attn_len or (full > 0 and ident(i) >= max_id - full))
     if c > 0:
         valid = valid or (ident(i) == 0 and ident(j) < max_id)
     return valid
@@ -70,19 +72,19 @@ def valid_by_formula(i: int, j: int, n: int, targets: Optional[int], causal: boo
 
 @functools.lru_cache(maxsize=None)
 def mask_by_formula(lengths: Tuple[int, ...], targets: Optional[Tuple[int, ...]], n_max: int, causal: bool,
-                    max_attn_len: int, contextual_seq_len: int) -> torch.Tensor:
+                    max_attn_len: int, contextual_seq_len: int, full: int = 0) -> torch.Tensor:
     """[B, N, N] bool, position by position; False outside each sequence."""
     mask = torch.zeros(len(lengths), n_max, n_max, dtype=torch.bool)
     for b, n in enumerate(lengths):
         t = None if targets is None else targets[b]
         for i in range(n):
             for j in range(n):
-                mask[b, i, j] = valid_by_formula(i, j, n, t, causal, max_attn_len, contextual_seq_len)
+                mask[b, i, j] = valid_by_formula(i, j, n, t, causal, max_attn_len, contextual_seq_len, full)
     return mask
 
 
 def mask_broadcast(lengths: torch.Tensor, targets: Optional[torch.Tensor], n_max: int, causal: bool,
-                   max_attn_len: int, contextual_seq_len: int) -> torch.Tensor:
+                   max_attn_len: int, contextual_seq_len: int, full: int = 0) -> torch.Tensor:
     """The same mask with tensor ops ([B, N, N] bool on lengths' device), for large N."""
     c = contextual_seq_len
     pos = torch.arange(n_max, device=lengths.device)
@@ -101,7 +103,10 @@ def mask_broadcast(lengths: torch.Tensor, targets: Optional[torch.Tensor], n_max
         d = d.abs()
     valid = torch.eye(n_max, dtype=torch.bool, device=lengths.device).unsqueeze(0) | (d > 0)
     if max_attn_len > 0:
-        valid = valid & (d <= max_attn_len)
+        near = d <= max_attn_len
+        if full > 0:
+            near = near | (row >= (max_id - full).view(-1, 1, 1))
+        valid = valid & near
     if c > 0:
         valid = valid | ((row == 0) & (col < max_id.view(-1, 1, 1)))
     inside = pos.view(1, -1) < n
@@ -124,6 +129,7 @@ class Case:
     targets: bool = False               # num_targets drawn in [0, n]
     max_attn_len: int = 0
     contextual_seq_len: int = 0
+    min_full_attn_seq_len: int = 0
     scale: str = "default"              # default (1/N), float, per_token, scalar_tensor
     rab: Optional[Tuple[str, str]] = None  # e.g. ("B", "1"): rab's batch and head extents
     rab_grad: bool = True
@@ -140,7 +146,7 @@ class Case:
 
     def label(self) -> str:
         parts = [f"causal={self.causal}"]
-        for name in ("targets", "max_attn_len", "contextual_seq_len"):
+        for name in ("targets", "max_attn_len", "contextual_seq_len", "min_full_attn_seq_len"):
             if getattr(self, name):
                 parts.append(f"{name}={getattr(self, name)}")
         if self.rab:
@@ -230,10 +236,10 @@ def case_mask(case: Case, inp: Inputs, broadcast: bool = False) -> torch.Tensor:
     if broadcast:
         lengths = torch.tensor(case.lengths, device=device)
         return mask_broadcast(lengths, None if targets is None else targets.to(device).long(), case.n_max,
-                              case.causal, case.max_attn_len, case.contextual_seq_len)
+                              case.causal, case.max_attn_len, case.contextual_seq_len, case.min_full_attn_seq_len)
     tt = None if targets is None else tuple(targets.tolist())
     return mask_by_formula(tuple(case.lengths), tt, case.n_max, case.causal, case.max_attn_len,
-                           case.contextual_seq_len).to(device)
+                           case.contextual_seq_len, case.min_full_attn_seq_len).to(device)
 
 
 Result = Dict[str, Optional[torch.Tensor]]
@@ -257,7 +263,8 @@ def run_op(case: Case, inp: Inputs) -> Result:
         rab = inp.rab.detach().clone().requires_grad_(case.rab_grad)
     out = hipdlrm.hstu_mha(case.n_max, case.alpha, q, k, v, inp.seq_offsets, causal=case.causal,
                            num_targets=inp.num_targets, attn_scale=inp.attn_scale,
-                           max_attn_len=case.max_attn_len, contextual_seq_len=case.contextual_seq_len, rab=rab)
+                           max_attn_len=case.max_attn_len, contextual_seq_len=case.contextual_seq_len, rab=rab,
+                           min_full_attn_seq_len=case.min_full_attn_seq_len)
     assert out.dtype == inp.q.dtype and out.shape == (inp.q.shape[0], inp.q.shape[1], inp.v.shape[2])
     return _with_grads(out, inp.grad_out, q, k, v, rab)
 
@@ -313,15 +320,15 @@ def test_mask_formula_examples():
 def test_mask_broadcast_matches_formula():
     for n in [0, 1, 2, 3, 5, 8, 11]:
         for c in [0, 1, 2, 4, 13]:
-            for mal in [0, 1, 3]:
+            for mal, full in [(0, 0), (1, 0), (3, 0), (1, 2), (3, 5)]:
                 for causal in [True, False]:
                     for t in [None] + sorted({0, 1, n // 2, n}):
                         if t is not None and t > n:
                             continue
-                        want = mask_by_formula((n, 3), None if t is None else (t, 0), 11, causal, mal, c)
+                        want = mask_by_formula((n, 3), None if t is None else (t, 0), 11, causal, mal, c, full)
                         got = mask_broadcast(torch.tensor([n, 3]), None if t is None else torch.tensor([t, 0]),
-                                             11, causal, mal, c)
-                        assert torch.equal(got, want), (n, c, mal, causal, t)
+                                             11, causal, mal, c, full)
+                        assert torch.equal(got, want), (n, c, mal, full, causal, t)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,6 +342,8 @@ MASK_OPTIONS = {
     "contextual": {"contextual_seq_len": 3},
     "targets+contextual": {"targets": True, "contextual_seq_len": 3},
     "all": {"targets": True, "max_attn_len": 9, "contextual_seq_len": 4},
+    "max_attn_len+full": {"max_attn_len": 3, "min_full_attn_seq_len": 5},
+    "all+full": {"targets": True, "max_attn_len": 2, "contextual_seq_len": 3, "min_full_attn_seq_len": 4},
 }
 MASK_CASES = [Case(causal=causal, **opts) for causal in (True, False) for opts in MASK_OPTIONS.values()]
 MASK_IDS = [f"{'causal' if c else 'full'}-{name}" for c in (True, False) for name in MASK_OPTIONS]
@@ -870,3 +879,38 @@ def test_gpu_errors_leave_the_context_usable(name):
 @requires_gpu
 def test_gpu_opcheck():
     _opcheck_device_cases("cuda")
+
+
+def test_gradcheck_min_full_attn_seq_len():
+    """generative-recommenders' min_full_attn_seq_len: gradients through the mask with full rows (fp64)."""
+    case = Case(lengths=(6, 0, 9), heads=1, dqk=32, dv=32, dtype=torch.float64, targets=True, max_attn_len=2,
+                min_full_attn_seq_len=3)
+    inp = make_inputs(case)
+
+    def fn(q, k, v):
+        return hipdlrm.hstu_mha(case.n_max, case.alpha, q, k, v, inp.seq_offsets, num_targets=inp.num_targets,
+                                max_attn_len=case.max_attn_len, min_full_attn_seq_len=case.min_full_attn_seq_len)
+
+    args = [x.detach().clone().requires_grad_() for x in (inp.q, inp.k, inp.v)]
+    assert torch.autograd.gradcheck(fn, args, eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_generative_recommenders_keywords():
+    """GR's hstu_mha keywords: sort_by_length and kernel change nothing; dropout without training, or with
+    dropout_pr 0, is no dropout; dropout while training is refused; the values are checked."""
+    case = Case(lengths=(4, 7), max_attn_len=2, min_full_attn_seq_len=2)
+    inp = make_inputs(case)
+    base = hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, max_attn_len=2,
+                            min_full_attn_seq_len=2)
+    same = hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, max_attn_len=2,
+                            min_full_attn_seq_len=2, sort_by_length=True, dropout_pr=0.3, training=False,
+                            kernel="TRITON")
+    assert torch.equal(base, same)
+    with pytest.raises(NotImplementedError, match="attention dropout"):
+        hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, dropout_pr=0.1)
+    with pytest.raises(ValueError, match=r"dropout_pr must be in \[0, 1\)"):
+        hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, dropout_pr=1.0)
+    with pytest.raises(RuntimeError, match="min_full_attn_seq_len must be in"):
+        hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, min_full_attn_seq_len=-1)
+    with pytest.raises(TypeError, match="sort_by_length must be a bool"):
+        hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, sort_by_length="yes")

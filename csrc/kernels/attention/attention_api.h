@@ -44,6 +44,7 @@ struct AttentionProblem {
   // HSTU mask (see HstuMask in attention_mask.h); GDPA leaves these.
   bool causal = true;
   int max_attn_len = 0;                   // 0: unlimited
+  int min_full_attn_seq_len = 0;          // with max_attn_len: the last ids before the targets attend fully
   int contextual_seq_len = 0;             // 0: no contextual prefix
   const std::int64_t* num_targets = nullptr;  // [B], device, or null
   // Relative attention bias [rab_batch, rab_heads, N, N] contiguous (N = max_seq_len), element type as q;

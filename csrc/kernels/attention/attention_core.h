@@ -157,7 +157,7 @@ HIPDLRM_DEVICE SampleRows sample_rows(const AttentionProblem& p, int b) {
 HIPDLRM_DEVICE void mask_for_sample(HstuMask& m, const AttentionProblem& p, int b, const SampleRows& r) {
   const bool has_targets = p.num_targets != nullptr;
   m = HstuMask::make(r.nq, p.contextual_seq_len, has_targets ? static_cast<int>(p.num_targets[b]) : 0, has_targets,
-                     p.max_attn_len, p.causal);
+                     p.max_attn_len, p.causal, p.min_full_attn_seq_len);
 }
 HIPDLRM_DEVICE void mask_for_sample(WindowMask& m, const AttentionProblem& p, int, const SampleRows& r) {
   m = WindowMask::make(r.nq, r.nkv, p.window);

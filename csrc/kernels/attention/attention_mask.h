@@ -31,26 +31,34 @@ struct SampleRows {
 // One sequence's mask (HSTU's; see attention_api.h and docs/attention.md):
 //   id(p) = p, or max(p - c + 1, 0) with a contextual prefix c > 0; with targets id(p) = min(id(p), max_id)
 //   d = id(i) - id(j) (absolute value when not causal)
-//   valid = (i == j or d > 0) [and d <= max_attn_len] [or (id(i) == 0 and id(j) < max_id) when c > 0]
+//   valid = (i == j or d > 0) [and (d <= max_attn_len or id(i) >= max_id - full)] [or (id(i) == 0 and
+//           id(j) < max_id) when c > 0]
+// `full` is generative-recommenders' min_full_attn_seq_len: with a distance limit, the last `full` ids before
+// the targets (and the targets, whose id is max_id) attend without it.
 struct HstuMask {
   int n;             // sequence length
   int c;             // contextual prefix length (0: none)
   int max_id;        // id bound of the targets
   int max_attn_len;  // 0: unlimited
+  int full;          // min_full_attn_seq_len (only with max_attn_len > 0; 0: none)
   bool causal;
   bool targets;
 
   HIPDLRM_HOST_DEVICE static HstuMask make(int n, int c, int num_targets, bool has_targets, int max_attn_len,
-                                           bool causal) {
+                                           bool causal, int min_full_attn_seq_len = 0) {
     HstuMask m;
     m.n = n;
     m.c = c;
     m.max_id = (c > 0 ? n - c + 1 : n) - (has_targets ? num_targets : 0);
     m.max_attn_len = max_attn_len;
+    m.full = max_attn_len > 0 ? min_full_attn_seq_len : 0;
     m.causal = causal;
     m.targets = has_targets;
     return m;
   }
+
+  // Whether query id idi attends without the distance limit (min_full_attn_seq_len).
+  HIPDLRM_HOST_DEVICE bool full_row(int idi) const { return full > 0 && idi >= max_id - full; }
 
   // Causal without a contextual prefix: no query before key j0 sees it.
   HIPDLRM_HOST_DEVICE int first_query(int j0) const { return causal && c == 0 ? j0 : 0; }
@@ -75,7 +83,7 @@ struct HstuMask {
     int d = idi - idj;
     if (!causal && d < 0) d = -d;
     bool v = i == j || d > 0;
-    if (max_attn_len > 0) v = v && d <= max_attn_len;
+    if (max_attn_len > 0) v = v && (d <= max_attn_len || full_row(idi));
     if (c > 0) v = v || (idi == 0 && idj < max_id);
     return v;
   }
@@ -90,7 +98,9 @@ struct HstuMask {
     if (i0 < j1 && j0 < i1) return true;   // the diagonal crosses the tile
     if (c > 0 && id(i0) == 0) return true;  // contextual rows
     const int dmin = id(i0) - id(j1 - 1), dmax = id(i1 - 1) - id(j0);
-    const int lim = max_attn_len;
+    // A tile holding a full row (id non-decreasing: its last row has the highest id) is judged without the
+    // limit, an upper bound of the answer.
+    const int lim = full_row(id(i1 - 1)) ? 0 : max_attn_len;
     if (causal) return dmax > 0 && (lim == 0 || (dmin > 1 ? dmin : 1) <= lim);
     if (lim == 0) return dmin != 0 || dmax != 0;
     return (dmax >= 1 && dmin <= lim) || (dmin <= -1 && dmax >= -lim);

@@ -51,6 +51,8 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
   TORCH_CHECK(o.contextual_seq_len >= 0 && o.contextual_seq_len <= kIntMax, op,
               ": contextual_seq_len must be in [0, ", kIntMax, "] (0: no contextual prefix), got ",
               o.contextual_seq_len);
+  TORCH_CHECK(o.min_full_attn_seq_len >= 0 && o.min_full_attn_seq_len <= kIntMax, op,
+              ": min_full_attn_seq_len must be in [0, ", kIntMax, "] (0: none), got ", o.min_full_attn_seq_len);
   TORCH_CHECK(std::isfinite(o.alpha), op, ": alpha must be a finite float, got ", o.alpha);
   TORCH_CHECK(!o.attn_scale || std::isfinite(*o.attn_scale), op, ": attn_scale must be a finite float, got ",
               o.attn_scale.value_or(0.0));
@@ -127,7 +129,12 @@ at::Tensor valid_mask(std::int64_t n, std::int64_t targets, const HstuOptions& o
   at::Tensor d = row - col;
   if (!o.causal) d = d.abs();
   at::Tensor valid = at::eye(n, longs.dtype(at::kBool)).logical_or_(d > 0);
-  if (o.max_attn_len > 0) valid.logical_and_(d <= o.max_attn_len);
+  if (o.max_attn_len > 0) {
+    at::Tensor near = d <= o.max_attn_len;
+    // min_full_attn_seq_len: the rows whose id is at least max_id - full attend without the limit.
+    if (o.min_full_attn_seq_len > 0) near.logical_or_(row >= max_id - o.min_full_attn_seq_len);
+    valid.logical_and_(near);
+  }
   if (c > 0) valid.logical_or_(row.eq(0).logical_and(col < max_id));
   return valid;
 }
@@ -183,9 +190,11 @@ at::Tensor forward_cpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
                        const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
                        const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                        const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
-                       std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab) {
+                       std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
+                       std::int64_t min_full_attn_seq_len) {
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
-                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
+                                     min_full_attn_seq_len);
   const HstuLayout layout = check_forward("hstu_mha_fwd", q, k, v, o);
   return forward_composite(q, k, v, o, layout);
 }
@@ -195,9 +204,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const std::optional<at::Tensor>& num_targets,
     std::optional<double> attn_scale, const std::optional<at::Tensor>& attn_scale_per_token,
     std::int64_t max_attn_len, std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-    bool rab_requires_grad) {
+    bool rab_requires_grad, std::int64_t min_full_attn_seq_len) {
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
-                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
+                                     min_full_attn_seq_len);
   const HstuLayout layout = check_backward("hstu_mha_bwd", grad_out, q, k, v, o, rab_requires_grad);
   return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
 }
@@ -205,15 +215,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
 }  // namespace
 
 void define(torch::Library& m) {
-  // generative-recommenders' hstu_mha arguments (without dropout), plus the relative attention bias.
+  // generative-recommenders' hstu_mha arguments (without dropout), plus the relative attention bias;
+  // min_full_attn_seq_len last, with a default, so that calls written before it keep their positions.
   m.def(
       "hstu_mha_fwd(int max_seq_len, float alpha, Tensor q, Tensor k, Tensor v, Tensor seq_offsets, bool causal, "
       "Tensor? num_targets, float? attn_scale, Tensor? attn_scale_per_token, int max_attn_len, "
-      "int contextual_seq_len, Tensor? rab) -> Tensor");
+      "int contextual_seq_len, Tensor? rab, int min_full_attn_seq_len=0) -> Tensor");
   m.def(
       "hstu_mha_bwd(int max_seq_len, float alpha, Tensor grad_out, Tensor q, Tensor k, Tensor v, "
       "Tensor seq_offsets, bool causal, Tensor? num_targets, float? attn_scale, Tensor? attn_scale_per_token, "
-      "int max_attn_len, int contextual_seq_len, Tensor? rab, bool rab_requires_grad) "
+      "int max_attn_len, int contextual_seq_len, Tensor? rab, bool rab_requires_grad, "
+      "int min_full_attn_seq_len=0) "
       "-> (Tensor, Tensor, Tensor, Tensor?)");
   define_gdpa(m);
 }
@@ -221,7 +233,8 @@ void define(torch::Library& m) {
 HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tensor& seq_offsets, bool causal,
                          const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                          const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
-                         std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab) {
+                         std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
+                         std::int64_t min_full_attn_seq_len) {
   HstuOptions o;
   o.max_seq_len = max_seq_len;
   o.alpha = alpha;
@@ -233,6 +246,7 @@ HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tenso
   o.max_attn_len = max_attn_len;
   o.contextual_seq_len = contextual_seq_len;
   o.rab = rab;
+  o.min_full_attn_seq_len = min_full_attn_seq_len;
   return o;
 }
 

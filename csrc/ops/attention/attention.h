@@ -29,12 +29,14 @@ struct HstuOptions {
   std::int64_t max_attn_len = 0;
   std::int64_t contextual_seq_len = 0;
   std::optional<at::Tensor> rab;
+  std::int64_t min_full_attn_seq_len = 0;  // generative-recommenders': with max_attn_len, the last rows attend fully
 };
 
 HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tensor& seq_offsets, bool causal,
                          const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                          const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
-                         std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab);
+                         std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
+                         std::int64_t min_full_attn_seq_len);
 
 // Facts established by the checks.
 struct HstuLayout {

@@ -44,34 +44,37 @@ at::Tensor call_hstu_forward(std::int64_t max_seq_len, double alpha, const at::T
                              const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
                              const OptTensor& num_targets, std::optional<double> attn_scale,
                              const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
-                             std::int64_t contextual_seq_len, const OptTensor& rab) {
+                             std::int64_t contextual_seq_len, const OptTensor& rab, std::int64_t min_full_attn_seq_len) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("hipdlrm::hstu_mha_fwd", "")
                        .typed<at::Tensor(std::int64_t, double, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&, bool, const OptTensor&, std::optional<double>,
-                                         const OptTensor&, std::int64_t, std::int64_t, const OptTensor&)>();
+                                         const OptTensor&, std::int64_t, std::int64_t, const OptTensor&,
+                                         std::int64_t)>();
   return op.call(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale, attn_scale_per_token,
-                 max_attn_len, contextual_seq_len, rab);
+                 max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, OptTensor> call_hstu_backward(
     std::int64_t max_seq_len, double alpha, const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
     const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const OptTensor& num_targets,
     std::optional<double> attn_scale, const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
-    std::int64_t contextual_seq_len, const OptTensor& rab, bool rab_requires_grad) {
+    std::int64_t contextual_seq_len, const OptTensor& rab, bool rab_requires_grad,
+    std::int64_t min_full_attn_seq_len) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("hipdlrm::hstu_mha_bwd", "")
           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, OptTensor>(
               std::int64_t, double, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const at::Tensor&, bool, const OptTensor&, std::optional<double>, const OptTensor&, std::int64_t,
-              std::int64_t, const OptTensor&, bool)>();
+              std::int64_t, const OptTensor&, bool, std::int64_t)>();
   return op.call(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                 attn_scale_per_token, max_attn_len, contextual_seq_len, rab, rab_requires_grad);
+                 attn_scale_per_token, max_attn_len, contextual_seq_len, rab, rab_requires_grad,
+                 min_full_attn_seq_len);
 }
 
 // hstu_mha_fwd's arguments, in schema order: the gradient list has one entry per argument.
-constexpr std::size_t kHstuArgs = 13;
+constexpr std::size_t kHstuArgs = 14;
 constexpr std::size_t kHstuQ = 2, kHstuK = 3, kHstuV = 4, kHstuRab = 12;
 
 struct HstuFunction : public torch::autograd::Function<HstuFunction> {
@@ -79,10 +82,12 @@ struct HstuFunction : public torch::autograd::Function<HstuFunction> {
                             const at::Tensor& k, const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
                             const OptTensor& num_targets, std::optional<double> attn_scale,
                             const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
-                            std::int64_t contextual_seq_len, const OptTensor& rab) {
+                            std::int64_t contextual_seq_len, const OptTensor& rab,
+                            std::int64_t min_full_attn_seq_len) {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor out = call_hstu_forward(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                                       attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+                                       attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
+                                       min_full_attn_seq_len);
     ctx->save_for_backward({q, k, v, seq_offsets, num_targets.value_or(at::Tensor()),
                             attn_scale_per_token.value_or(at::Tensor()), rab.value_or(at::Tensor())});
     ctx->saved_data["max_seq_len"] = max_seq_len;
@@ -91,6 +96,7 @@ struct HstuFunction : public torch::autograd::Function<HstuFunction> {
     ctx->saved_data["attn_scale"] = attn_scale.has_value() ? c10::IValue(*attn_scale) : c10::IValue();
     ctx->saved_data["max_attn_len"] = max_attn_len;
     ctx->saved_data["contextual_seq_len"] = contextual_seq_len;
+    ctx->saved_data["min_full_attn_seq_len"] = min_full_attn_seq_len;
     ctx->saved_data["rab_requires_grad"] = rab.has_value() && rab->defined() && rab->requires_grad();
     return out;
   }
@@ -104,7 +110,7 @@ struct HstuFunction : public torch::autograd::Function<HstuFunction> {
         s[0], s[1], s[2], s[3], ctx->saved_data["causal"].toBool(), saved_optional(s[4]),
         scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()), saved_optional(s[5]),
         ctx->saved_data["max_attn_len"].toInt(), ctx->saved_data["contextual_seq_len"].toInt(),
-        saved_optional(s[6]), rab_requires_grad);
+        saved_optional(s[6]), rab_requires_grad, ctx->saved_data["min_full_attn_seq_len"].toInt());
     variable_list grads(kHstuArgs);
     grads[kHstuQ] = grad_q;
     grads[kHstuK] = grad_k;
@@ -118,19 +124,20 @@ at::Tensor hstu_forward_autograd(std::int64_t max_seq_len, double alpha, const a
                                  const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
                                  const OptTensor& num_targets, std::optional<double> attn_scale,
                                  const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
-                                 std::int64_t contextual_seq_len, const OptTensor& rab) {
+                                 std::int64_t contextual_seq_len, const OptTensor& rab,
+                                 std::int64_t min_full_attn_seq_len) {
   const at::Tensor* rab_ptr = rab.has_value() ? &*rab : nullptr;
   const at::Tensor* scale_ptr = attn_scale_per_token.has_value() ? &*attn_scale_per_token : nullptr;
   if (!records_graph({&q, &k, &v, rab_ptr, scale_ptr})) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return call_hstu_forward(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len);
   }
   TORCH_CHECK_VALUE(!(attn_scale_per_token.has_value() && attn_scale_per_token->requires_grad()),
                     "hstu_mha: attn_scale_per_token is not differentiable; pass a tensor that does not require grad "
                     "(e.g. attn_scale.detach())");
   return HstuFunction::apply(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len);
 }
 
 // ---- GDPA ---------------------------------------------------------------------------------------------------

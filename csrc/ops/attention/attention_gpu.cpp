@@ -57,6 +57,7 @@ ka::HstuProblem make_problem(const at::Tensor& q, const HstuOptions& o, const Hs
   }
   p.causal = o.causal;
   p.max_attn_len = static_cast<int>(o.max_attn_len);
+  p.min_full_attn_seq_len = static_cast<int>(o.min_full_attn_seq_len);
   p.contextual_seq_len = static_cast<int>(o.contextual_seq_len);
   if (o.num_targets) {
     storage.num_targets = o.num_targets->to(at::kLong).contiguous();
@@ -101,10 +102,12 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
                        const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
                        const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                        const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
-                       std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab) {
+                       std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
+                       std::int64_t min_full_attn_seq_len) {
   const char* op = "hstu_mha_fwd";
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
-                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
+                                     min_full_attn_seq_len);
   const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
   const HstuLayout layout = check_forward(op, q, k, v, o, !on_kernels);
   const c10::cuda::CUDAGuard guard(q.device());
@@ -140,10 +143,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const std::optional<at::Tensor>& num_targets,
     std::optional<double> attn_scale, const std::optional<at::Tensor>& attn_scale_per_token,
     std::int64_t max_attn_len, std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-    bool rab_requires_grad) {
+    bool rab_requires_grad, std::int64_t min_full_attn_seq_len) {
   const char* op = "hstu_mha_bwd";
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
-                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab);
+                                     attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
+                                     min_full_attn_seq_len);
   const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
   const HstuLayout layout = check_backward(op, grad_out, q, k, v, o, rab_requires_grad, !on_kernels);
   const c10::cuda::CUDAGuard guard(q.device());
