@@ -90,6 +90,7 @@ def worker(rank: int, port: int, optimizer: int, out: dict) -> None:
                 p.grad = None
         result["averaged"] = averaged_ok
         out[rank] = result
+        dist.barrier()  # every rank done before any tears its process group down (torchrec_worker.py)
     finally:
         dist.destroy_process_group()
 

@@ -86,6 +86,7 @@ def _worker(rank: int, world_size: int, port: int, shardings, out_path: str) -> 
                                  "kernels": sorted(_kernels(dmp))}
         if rank == 0:
             torch.save(results, out_path)
+        torch.distributed.barrier()  # every rank done before any tears its process group down (torchrec_worker.py)
     finally:
         torch.distributed.destroy_process_group()
 

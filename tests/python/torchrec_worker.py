@@ -230,6 +230,9 @@ def vbe_main(rank: int, world_size: int, port: int, out_path: str, sharding_type
                                                                init_tables, init_dense, slicer=vbe_local_slice)
         if rank == 0:
             torch.save(results, out_path)
+        # Every rank done before any tears its process group down: a rank that left while gloo still served
+        # the other's last messages aborted it now and then ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -344,6 +347,9 @@ def resume_main(rank: int, world_size: int, port: int, out_path: str, ckpt_dir: 
             # loop where it cannot trace the model).
             pipelined = [type(m).__name__ for m in pipeline._pipelined_modules]
             torch.save({"outputs": out_steps, "tables": tables, "pipelined": pipelined}, out_path)
+        # Every rank done before any tears its process group down: a rank that left while gloo still served
+        # the other's last messages aborted it now and then ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -398,6 +404,9 @@ def bad_input_main(rank: int, world_size: int, port: int, out_path: str, mode: s
         dist.all_gather_object(gathered, (bad, repaired, warnings))
         if rank == 0:
             torch.save(gathered, out_path)
+        # Every rank done before any tears its process group down: a rank that left while gloo still served
+        # the other's last messages aborted it now and then ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -421,6 +430,9 @@ def main(rank: int, world_size: int, port: int, out_path: str, sharding_types: L
                                                                init_tables, init_dense)
         if rank == 0:
             torch.save(results, out_path)
+        # Every rank done before any tears its process group down: a rank that left while gloo still served
+        # the other's last messages aborted it now and then ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
