@@ -391,7 +391,14 @@ def bad_input_main(rank: int, world_size: int, port: int, out_path: str, mode: s
                                                        lengths=torch.cat(lengths))
 
         with torch.no_grad():
-            bad = dmp(with_first_id(rows + 5), dense)
+            try:
+                bad = dmp(with_first_id(rows + 5), dense)
+            except Exception as exc:
+                # FATAL: the owning rank's error, for the test to read (the spawn reports whichever rank died
+                # first, and the other one dies too, of the broken collective).
+                with open(f"{out_path}.rank{rank}.err", "w") as f:
+                    f.write(str(exc))
+                raise
             # hipdlrm's counter holds the last forward's count.
             warnings = sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp))
             # The check sets a bad id to row 0 of the shard it reaches. Row-wise, FBGEMM's bucketization
