@@ -1398,8 +1398,11 @@ def _assert_same_training(ours, theirs, rtol, atol):
 
 @needs_fbgemm
 def test_kept_fbgemm_result_is_fbgemms(tmp_path):
+    """FBGEMM's run of the script on this machine against the kept one. Not bit for bit: the script's dense
+    layers run on torch's CPU matmuls, whose kernels (and so their rounding) depend on the CPU's vector ISA;
+    two machines of the CI's kind were measured 1.2e-7 apart on a loss of 0.69 (two fp32 ulps)."""
     _assert_same_training(_run_script(_fbgemm_script(tmp_path), tmp_path / "fbgemm.pt", REPO_PYTHON),
-                          torch.load(FBGEMM_RESULT), rtol=0, atol=0)
+                          torch.load(FBGEMM_RESULT), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
