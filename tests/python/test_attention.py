@@ -822,6 +822,40 @@ def test_gpu_long_sequences_all_masks(dtype):
                    broadcast_mask=True)
 
 
+def _production_like_lengths(batch: int, n_max: int, mean: float, seed: int) -> Tuple[int, ...]:
+    """Exponential lengths of the given mean clipped to [1, n_max] (the benchmark's jagged batches), with
+    one sequence of n_max and a few empty ones among them."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.empty(batch).exponential_(1.0 / mean, generator=g).clamp(1, n_max).long().tolist()
+    x[batch // 3] = n_max
+    for i in range(5, batch, batch // 4):
+        x[i] = 0
+    return tuple(x)
+
+
+SHORT_BATCH_CASES = [
+    dict(dqk=128, dv=128, dtype=torch.bfloat16),
+    dict(dqk=128, dv=128, dtype=torch.float16, targets=True, contextual_seq_len=3, rab=("1", "H"), scale="per_token"),
+    dict(dqk=128, dv=128, dtype=torch.bfloat16, causal=False, max_attn_len=40),
+    dict(dqk=64, dv=64, dtype=torch.bfloat16),
+    dict(dqk=64, dv=128, dtype=torch.float16, targets=True),
+    dict(dqk=32, dv=32, dtype=torch.float16, causal=False),
+    dict(dqk=256, dv=256, dtype=torch.bfloat16),
+    dict(dqk=256, dv=32, dtype=torch.float16, targets=True),
+]
+
+
+@requires_gpu
+@pytest.mark.parametrize("opts", SHORT_BATCH_CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_gpu_jagged_batches_of_mostly_short_sequences(opts):
+    """Hundreds of sequences, most far shorter than max_seq_len, one at max_seq_len and a few empty: the
+    kernels' tile schedule (only blocks with rows, the samples with the most blocks first)."""
+    opts = dict(opts)
+    dtype = opts.pop("dtype")
+    check_gpu_case(Case(lengths=_production_like_lengths(240, 1024, 52.0, seed=0),
+                        max_seq_len=1024, heads=2, dtype=dtype, **opts), broadcast_mask=True)
+
+
 @requires_gpu
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
 def test_gpu_backward_dk_dv_deterministic(dtype):

@@ -700,6 +700,28 @@ def test_gpu_long_sequences(activation, dtype):
                         activation=activation, window=300, dtype=dtype))
 
 
+def _short_lengths(batch: int, n_max: int, mean: float, g: torch.Generator) -> Tuple[int, ...]:
+    """Exponential lengths of the given mean clipped to [0, n_max], one of n_max and a few empty."""
+    x = torch.empty(batch).exponential_(1.0 / mean, generator=g).clamp(0, n_max).long().tolist()
+    x[batch // 2] = n_max
+    for i in range(3, batch, batch // 4):
+        x[i] = 0
+    return tuple(x)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dim,dtype,window", [(128, torch.bfloat16, None), (128, torch.float16, 30),
+                                              (64, torch.bfloat16, None), (256, torch.float16, None)],
+                         ids=str)
+def test_gpu_jagged_batches_of_mostly_short_sequences(dim, dtype, window):
+    """Hundreds of samples, most far shorter than the max lengths, queries and keys of unrelated lengths:
+    the kernels' tile schedule over the query blocks (forward) and the key blocks (backward)."""
+    g = torch.Generator().manual_seed(dim)
+    check_gpu_case(Case(q_lengths=_short_lengths(200, 1024, 50.0, g), kv_lengths=_short_lengths(200, 1024, 80.0, g),
+                        max_q=1024, max_kv=1024, heads=4, kv_heads=2, dim=dim, activation="gelu", window=window,
+                        dtype=dtype))
+
+
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
     """The portable forward and backward at head dim 128, which the wgmma kernels replace on Hopper."""

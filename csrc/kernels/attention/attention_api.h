@@ -74,6 +74,9 @@ struct AttentionForwardArgs {
   const void* k = nullptr;
   const void* v = nullptr;
   void* out = nullptr;  // [Lo, H, dv]; every element is written (rows with nothing valid get zeros)
+  // Device workspace of schedule_workspace_ints(p) ints (below), contents ignored: the launcher writes the
+  // tile schedule there before the kernel reads it.
+  int* schedule = nullptr;
 };
 
 struct AttentionBackwardArgs {
@@ -91,6 +94,7 @@ struct AttentionBackwardArgs {
   // fp32 [rab_batch, rab_heads, N, N], zeroed by the caller, or null when rab needs no gradient (HSTU).
   // Entries outside every sequence's valid region stay zero. The binding casts it to rab's type.
   float* grad_rab = nullptr;
+  int* schedule = nullptr;  // as in AttentionForwardArgs
 };
 
 // Kernel choices left to the caller (the binding takes them from the user's options).
@@ -113,6 +117,25 @@ gpu::status_t hstu_backward(const AttentionBackwardArgs& args, const LaunchOptio
 // the HSTU mask fields at their defaults are ignored (no causal mask).
 gpu::status_t gdpa_forward(const AttentionForwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
 gpu::status_t gdpa_backward(const AttentionBackwardArgs& args, const LaunchOptions& options, gpu::stream_t stream);
+
+// ---- the tile schedule (attention_schedule.cu) -----------------------------------------------------------
+// Jagged batches are mostly far shorter than max_seq_len, so a grid over every (sample, head, block of
+// max_seq_len) would be mostly empty programs. Before each kernel the launcher builds, on the device, the
+// list of the (sample, block) pairs that have rows -- samples with the most blocks first, so that no
+// block waits behind one long sequence at the end -- and the kernel runs over that list (the grid sized by
+// schedule_capacity, its surplus programs leaving at once). Workspace: [count, then (sample, block) pairs].
+constexpr int kScheduleMinTileRows = 64;  // the smallest block of rows any attention kernel uses
+// An upper bound on the pairs of a schedule of `tile_rows`-row blocks over the query rows (keys = false)
+// or the key rows of each sample, from the shapes alone (no offsets read).
+std::int64_t schedule_capacity(const AttentionProblem& p, int tile_rows, bool keys);
+// Ints of the workspace every launcher's schedule fits in.
+std::int64_t schedule_workspace_ints(const AttentionProblem& p);
+// Enqueues the build of the schedule of `tile_rows`-row blocks into `schedule`; `descending`: a sample's
+// blocks listed last block first (the causal forward's longest query blocks), else first block first (the
+// backward's key blocks, the first having the most queries). At most `capacity` pairs are listed
+// (invalid offsets can exceed the bound; what they cost is a wrong result, never an access out of bounds).
+gpu::status_t build_schedule(const AttentionProblem& p, int tile_rows, bool keys, bool descending,
+                             std::int64_t capacity, int* schedule, gpu::stream_t stream);
 
 // ---- the offsets' values (attention_offsets.cu) ----------------------------------------------------------
 // The kernels clamp every sequence into its tensor's rows and max length (sample_rows), so invalid offsets

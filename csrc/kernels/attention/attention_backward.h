@@ -4,8 +4,9 @@
 //   P = valid act(x) s_i,  dP = dO v^T,  dX = valid dP s_i act'(x),
 //   dV = P^T dO,  dK = alpha dX^T q,  dQ = alpha dX k,  dRab = dX.
 //
-// Thread mapping (FlashAttention-2 order, key-block major): one block per (sample, kv head, kBlockN keys,
-// head-dim part); each wave owns 16 keys and walks, for every query head of its kv head (grouped heads),
+// Thread mapping (FlashAttention-2 order, key-block major): one block per (key block of kBlockN keys, kv
+// head, head-dim part) of the tile schedule (attention_schedule.cu: the key blocks with rows, samples with
+// the most first); each wave owns 16 keys and walks, for every query head of its kv head (grouped heads),
 // the query blocks of kBlockM queries that the mask does not rule out (masked-out 16x16 sub-tiles skipped
 // too). Per 16-query sub-tile a wave computes S^T and dP^T on the matrix cores with keys as rows
 // (mma_nt_packable), P^T and dX^T in registers, and packs them straight into the A operands of
@@ -37,7 +38,7 @@ namespace attention {
 
 template <typename T, int kD, class V>
 __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdConfig<kD>::kMinBlocks)
-    attention_backward_kernel(AttentionBackwardArgs args, int num_kblocks) {
+    attention_backward_kernel(AttentionBackwardArgs args) {
   using Cfg = BwdConfig<kD>;
   using M = gpu::Mma16<T>;
   using F = Act<V::kAct, kTanhActivation<T>>;
@@ -59,8 +60,10 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
   T* const ds_s = stage_s + Cfg::kStages * 2 * kBM * kLd;
 
   const AttentionProblem& p = args.p;
+  const std::int64_t programs = backward_programs<V>(args, Cfg::kSplit);  // the grid is the schedule's capacity
+  if (blockIdx.x >= programs) return;
   BackwardBlock<T, V, kBM, kBN> bb;
-  if (!bb.init(args, blockIdx.x, num_kblocks, Cfg::kSplit)) return;
+  if (!bb.init(args, xcd_remap(blockIdx.x, programs), Cfg::kSplit)) return;
   const int split = bb.split;
   const int hk = bb.hk;
   const SampleRows rows = bb.rows;
@@ -326,15 +329,16 @@ gpu::status_t launch_attention_backward(const AttentionBackwardArgs& args, gpu::
   using Cfg = BwdConfig<kD>;
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
-  const int max_kv = V::kHstu || p.max_seq_len_kv == 0 ? p.max_seq_len : p.max_seq_len_kv;
-  const int num_kblocks = (max_kv + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const std::int64_t blocks = static_cast<std::int64_t>(num_kblocks) * Cfg::kSplit * kv_heads * p.batch;
-  if (blocks > 0) {
+  const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
+  if (capacity > 0) {
     constexpr int kSmem = Cfg::template smem_bytes<T>();
-    const gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_kernel<T, kD, V>, kSmem);
+    gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_kernel<T, kD, V>, kSmem);
     if (st != gpu::kSuccess) return st;
+    st = build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, stream);
+    if (st != gpu::kSuccess) return st;
+    const std::int64_t blocks = capacity * Cfg::kSplit * kv_heads;
     attention_backward_kernel<T, kD, V>
-        <<<static_cast<unsigned>(blocks), Cfg::kWaves * gpu::kWaveSize, kSmem, stream>>>(args, num_kblocks);
+        <<<static_cast<unsigned>(blocks), Cfg::kWaves * gpu::kWaveSize, kSmem, stream>>>(args);
     const gpu::status_t launched = gpu::last_launch_status();
     if (launched != gpu::kSuccess) return launched;
   }

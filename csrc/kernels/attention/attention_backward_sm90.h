@@ -85,8 +85,7 @@ struct Sm90BwdMaps {
 
 template <typename T, class V, bool kLean>
 __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
-    attention_backward_sm90_kernel(AttentionBackwardArgs args, int num_kblocks, std::int64_t num_tiles,
-                                   const __grid_constant__ Sm90BwdMaps maps) {
+    attention_backward_sm90_kernel(AttentionBackwardArgs args, const __grid_constant__ Sm90BwdMaps maps) {
 #if defined(HIPDLRM_WGMMA)
   using Cfg = Sm90BwdConfig;
   using F = Act<V::kAct, kTanhActivation<T>>;
@@ -108,6 +107,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 
   const AttentionProblem& p = args.p;
   const int tid = static_cast<int>(threadIdx.x);
+  const std::int64_t num_tiles = backward_programs<V>(args, 1);  // the grid is the schedule's capacity
   const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int kr0 = 64 * wgi + 16 * warp + g;  // this thread's key lines in the block: kr0 and kr0 + 8
   using Block = BackwardBlock<T, V, kBM, kBN>;
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
   while (tile < num_tiles) {
     const std::int64_t next = num_tiles;
     Block bb;
-    if (!bb.init(args, tile, num_kblocks, 1)) {  // past its sample's last key: nothing to do (never prefetched)
+    if (!bb.init(args, tile, 1)) {  // past its sample's last key: nothing to do (never prefetched)
       if (tid == 0) ctl.next = next;
       __syncthreads();
       const std::int64_t nt = ctl.next;
@@ -496,8 +496,6 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 
 #else
   (void)args;
-  (void)num_kblocks;
-  (void)num_tiles;
   (void)maps;
 #endif
 }
@@ -507,12 +505,13 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
   using Cfg = Sm90BwdConfig;
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
-  const int max_kv = V::kHstu || p.max_seq_len_kv == 0 ? p.max_seq_len : p.max_seq_len_kv;
-  const int num_kblocks = (max_kv + Cfg::kBlockN - 1) / Cfg::kBlockN;
-  const std::int64_t blocks = static_cast<std::int64_t>(num_kblocks) * kv_heads * p.batch;
-  if (blocks == 0) return gpu::kSuccess;
-  const gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_sm90_kernel<T, V, kLean>, Cfg::kSmem);
+  const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
+  if (capacity == 0) return gpu::kSuccess;
+  gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_sm90_kernel<T, V, kLean>, Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
+  st = build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, stream);
+  if (st != gpu::kSuccess) return st;
+  const std::int64_t blocks = capacity * kv_heads;
   Sm90BwdMaps maps;
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   {
@@ -525,7 +524,7 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
   }
 #endif
   attention_backward_sm90_kernel<T, V, kLean>
-      <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_kblocks, blocks, maps);
+      <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, maps);
   return gpu::last_launch_status();
 }
 

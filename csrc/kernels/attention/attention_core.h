@@ -409,11 +409,24 @@ HIPDLRM_DEVICE void stage_tile(T* smem, const T* base, std::int64_t row0, std::i
   }
 }
 
+// ---- the tile schedule (attention_api.h, attention_schedule.cu) ------------------------------------------
+// A forward program is a (listed query block, query head) pair, a backward one a (listed key block, kv
+// head, head-dim part) triple; the counts come from the schedule the launcher built before the kernel.
+HIPDLRM_DEVICE std::int64_t forward_programs(const AttentionForwardArgs& args) {
+  return static_cast<std::int64_t>(args.schedule[0]) * args.p.heads;
+}
+template <class V>
+HIPDLRM_DEVICE std::int64_t backward_programs(const AttentionBackwardArgs& args, int splits) {
+  const int kv_heads = V::kHstu || args.p.kv_heads == 0 ? args.p.heads : args.p.kv_heads;
+  return static_cast<std::int64_t>(args.schedule[0]) * splits * kv_heads;
+}
+
 // ---- one forward block's place -------------------------------------------------------------------------
-// The (sample b, query head h, query block qb) that forward program `block` computes -- the longest query
-// blocks (most keys under a causal mask) first -- with its sample's rows and mask, its kv head, the row
-// strides and the first q / k / v rows of that head, rab's [N, N] slice (HSTU) and alpha. Shared by the
-// portable forward and the Hopper one (attention_forward.h, attention_forward_sm90.h).
+// The (sample b, query head h, query block qb) that forward program `program` (< forward_programs) computes
+// -- the schedule's order: samples with the most query blocks first, and their longest query blocks (most
+// keys under a causal mask) first -- with its sample's rows and mask, its kv head, the row strides and the
+// first q / k / v rows of that head, rab's [N, N] slice (HSTU) and alpha. Shared by the portable forward and
+// the Hopper one (attention_forward.h, attention_forward_sm90.h).
 template <typename T, class V>
 struct ForwardBlock {
   int qb, h, b, hk, i0;
@@ -427,13 +440,12 @@ struct ForwardBlock {
   float alpha;
 
   // False when the block starts past its sample's last query row (nothing to do).
-  HIPDLRM_DEVICE bool init(const AttentionForwardArgs& args, std::int64_t block, int num_qblocks, int block_rows) {
+  HIPDLRM_DEVICE bool init(const AttentionForwardArgs& args, std::int64_t program, int block_rows) {
     const AttentionProblem& p = args.p;
-    const std::int64_t total = static_cast<std::int64_t>(num_qblocks) * p.heads * p.batch;
-    const std::int64_t id = xcd_remap(block, total);
-    qb = num_qblocks - 1 - static_cast<int>(id % num_qblocks);
-    h = static_cast<int>((id / num_qblocks) % p.heads);
-    b = static_cast<int>(id / (static_cast<std::int64_t>(num_qblocks) * p.heads));
+    const std::int64_t entry = program / p.heads;
+    h = static_cast<int>(program % p.heads);
+    b = args.schedule[1 + 2 * entry];
+    qb = args.schedule[2 + 2 * entry];
     rows = sample_rows(p, b);
     i0 = qb * block_rows;
     if (i0 >= rows.nq) return false;
@@ -458,8 +470,9 @@ struct ForwardBlock {
   }
 };
 
-// The (sample b, kv head hk, key block kb, head-dim part split) that backward program `block` computes --
-// key block 0 first: under a causal mask it has the most queries -- with its sample's rows and mask, the
+// The (sample b, kv head hk, key block kb, head-dim part split) that backward program `program` (<
+// backward_programs) computes -- the schedule's order: samples with the most key blocks first, and key
+// block 0 first (under a causal mask it has the most queries) -- with its sample's rows and mask, the
 // row strides and the per-sample base pointers (q, dO and dQ's accumulator at query head 0; k and v at kv
 // head hk), rab's [N, N] slice and dRab's (HSTU; dRab only for split 0, every split computing the same dX),
 // and the walk: steps t = (query head of the group) * num_qblocks + (query block of kBM rows), those the
@@ -483,16 +496,15 @@ struct BackwardBlock {
   float alpha;
 
   // False when the key block starts past its sample's last key (nothing to do).
-  HIPDLRM_DEVICE bool init(const AttentionBackwardArgs& args, std::int64_t block, int num_kblocks, int splits) {
+  HIPDLRM_DEVICE bool init(const AttentionBackwardArgs& args, std::int64_t program, int splits) {
     const AttentionProblem& p = args.p;
     const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
     group = V::kHstu ? 1 : p.heads / kv_heads;
-    const std::int64_t total = static_cast<std::int64_t>(num_kblocks) * splits * kv_heads * p.batch;
-    const std::int64_t id = xcd_remap(block, total);
-    split = static_cast<int>(id % splits);
-    kb = static_cast<int>((id / splits) % num_kblocks);
-    hk = static_cast<int>((id / (static_cast<std::int64_t>(splits) * num_kblocks)) % kv_heads);
-    b = static_cast<int>(id / (static_cast<std::int64_t>(splits) * num_kblocks * kv_heads));
+    split = static_cast<int>(program % splits);
+    hk = static_cast<int>((program / splits) % kv_heads);
+    const std::int64_t entry = program / splits / kv_heads;
+    b = args.schedule[1 + 2 * entry];
+    kb = args.schedule[2 + 2 * entry];
     rows = sample_rows(p, b);
     j0 = kb * kBN;
     if (j0 >= rows.nkv) return false;

@@ -1,7 +1,8 @@
 // The forward of the jagged pointwise-activation attention core, shared by HSTU and GDPA:
 //   O = (act(alpha q k^T + rab) (.) valid) v * s, per sample and query head (attention_api.h).
 //
-// Thread mapping: one block per (sample, query head, 16*kWaves query rows); each wave owns 16 query rows and
+// Thread mapping: one block per (query block of 16*kWaves rows, query head) of the tile schedule
+// (attention_schedule.cu: the blocks with rows, samples with the most first); each wave owns 16 query rows and
 // walks the sample's key blocks of kBlockN keys that the mask does not rule out (whole masked-out blocks,
 // and masked-out 16-key sub-tiles within a wave, are skipped, not computed). Per key block: S = q k^T on
 // the matrix cores (fp32 accumulators), the activation and mask in registers, P packed straight into the
@@ -41,7 +42,7 @@ struct GdpaVariant {
 
 template <typename T, int kD, class V>
 __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdConfig<kD>::kMinBlocks)
-    attention_forward_kernel(AttentionForwardArgs args, int num_qblocks) {
+    attention_forward_kernel(AttentionForwardArgs args) {
   using Cfg = FwdConfig<kD>;
   using M = gpu::Mma16<T>;
   using F = Act<V::kAct, kTanhActivation<T>>;
@@ -57,8 +58,10 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
   T* const q_s = smem;
 
   const AttentionProblem& p = args.p;
+  const std::int64_t programs = forward_programs(args);  // the grid is the schedule's capacity
+  if (blockIdx.x >= programs) return;
   ForwardBlock<T, V> fb;
-  if (!fb.init(args, blockIdx.x, num_qblocks, kBM)) return;
+  if (!fb.init(args, xcd_remap(blockIdx.x, programs), kBM)) return;
   const int h = fb.h;
   const SampleRows rows = fb.rows;
   const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0;
@@ -228,14 +231,16 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
 template <typename T, int kD, class V>
 gpu::status_t launch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
   using Cfg = FwdConfig<kD>;
-  const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const std::int64_t blocks = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
-  if (blocks == 0) return gpu::kSuccess;
+  const std::int64_t capacity = schedule_capacity(args.p, Cfg::kBlockM, false);
+  if (capacity == 0) return gpu::kSuccess;
   constexpr int kSmem = Cfg::template smem_bytes<T>();
-  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_kernel<T, kD, V>, kSmem);
+  gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_kernel<T, kD, V>, kSmem);
   if (st != gpu::kSuccess) return st;
+  st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, stream);
+  if (st != gpu::kSuccess) return st;
+  const std::int64_t blocks = capacity * args.p.heads;
   attention_forward_kernel<T, kD, V>
-      <<<static_cast<unsigned>(blocks), Cfg::kWaves * gpu::kWaveSize, kSmem, stream>>>(args, num_qblocks);
+      <<<static_cast<unsigned>(blocks), Cfg::kWaves * gpu::kWaveSize, kSmem, stream>>>(args);
   return gpu::last_launch_status();
 }
 

@@ -123,7 +123,8 @@ HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleR
 
 // ---- the warp-specialised persistent forward -----------------------------------------------------------
 // Three warpgroups per block, one block per multiprocessor, looping over the (sample, head, 128 query rows)
-// tiles blockIdx.x, blockIdx.x + gridDim.x, ...:
+// tiles of the schedule (attention_schedule.cu: only blocks with rows, samples with the most first)
+// blockIdx.x, blockIdx.x + gridDim.x, ...:
 //   warpgroup 0, the producer (40 registers after setmaxnreg): stages q and the k/v blocks (TMA where a
 //     block lies wholly inside its sequence, else cp.async) into a q buffer and a ring of kStages k/v
 //     stages, each fill announced on an mbarrier when its copies land (gpu/async_barrier.h); it refills a
@@ -164,8 +165,7 @@ struct Sm90TmaMaps {
 
 template <typename T, class V>
 __global__ void __launch_bounds__(384, 1)
-    attention_forward_sm90_ws_kernel(AttentionForwardArgs args, int num_qblocks, std::int64_t num_tiles,
-                                     const __grid_constant__ Sm90TmaMaps maps) {
+    attention_forward_sm90_ws_kernel(AttentionForwardArgs args, const __grid_constant__ Sm90TmaMaps maps) {
 #if defined(HIPDLRM_WGMMA)
   using Cfg = Sm90WsConfig;
   namespace wg = gpu::wgmma;
@@ -195,6 +195,7 @@ __global__ void __launch_bounds__(384, 1)
   }
   __syncthreads();
   const AttentionProblem& p = args.p;
+  const std::int64_t num_tiles = forward_programs(args);
   auto stage_ptr = [&](int stage) -> unsigned char* { return kv_s + stage * 2 * Cfg::kTileKV; };
 
   if (tid < 128) {
@@ -203,7 +204,7 @@ __global__ void __launch_bounds__(384, 1)
     int fills = 0, q_fills = 0;
     for (std::int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
       ForwardBlock<T, V> fb;
-      if (!fb.init(args, gpu::snake_tile(tile, gridDim.x, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
+      if (!fb.init(args, gpu::snake_tile(tile, gridDim.x, num_tiles), Cfg::kBlockM)) continue;
       const int nkv = fb.rows.nkv, num_kblocks = (nkv + kBN - 1) / kBN;
       mb::wait(q_empty, (q_fills & 1) ^ 1);
 #if defined(HIPDLRM_HAS_TMA_MAPS)
@@ -265,7 +266,7 @@ __global__ void __launch_bounds__(384, 1)
   int fills = 0, q_fills = 0;
   for (std::int64_t tile = blockIdx.x; tile < num_tiles; tile += gridDim.x) {
     ForwardBlock<T, V> fb;
-    if (!fb.init(args, gpu::snake_tile(tile, gridDim.x, num_tiles), num_qblocks, Cfg::kBlockM)) continue;
+    if (!fb.init(args, gpu::snake_tile(tile, gridDim.x, num_tiles), Cfg::kBlockM)) continue;
     const SampleRows rows = fb.rows;
     const int nq = rows.nq, nkv = rows.nkv, i0 = fb.i0, h = fb.h;
     const int num_kblocks = (nkv + kBN - 1) / kBN;
@@ -364,8 +365,6 @@ __global__ void __launch_bounds__(384, 1)
   }
 #else
   (void)args;
-  (void)num_qblocks;
-  (void)num_tiles;
   (void)maps;
 #endif
 }
@@ -388,11 +387,13 @@ template <typename T, class V>
 gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
   using Cfg = Sm90WsConfig;
   constexpr int kBN = Cfg::kBlockN;
-  const int num_qblocks = (args.p.max_seq_len + Cfg::kBlockM - 1) / Cfg::kBlockM;
-  const std::int64_t tiles = static_cast<std::int64_t>(num_qblocks) * args.p.heads * args.p.batch;
-  if (tiles == 0) return gpu::kSuccess;
-  const gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_ws_kernel<T, V>, Cfg::kSmem);
+  const std::int64_t capacity = schedule_capacity(args.p, Cfg::kBlockM, false);
+  if (capacity == 0) return gpu::kSuccess;
+  gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_ws_kernel<T, V>, Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
+  st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, stream);
+  if (st != gpu::kSuccess) return st;
+  const std::int64_t tiles = capacity * args.p.heads;  // at most: the kernel reads the schedule's count
   const std::int64_t sms = gpu::device_multiprocessors(gpu::current_device());
   const unsigned grid = static_cast<unsigned>(tiles < sms ? tiles : sms);
   Sm90TmaMaps maps;
@@ -411,7 +412,7 @@ gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gp
                                         std::uint64_t(kv_heads) * 128, kBN);
   }
 #endif
-  attention_forward_sm90_ws_kernel<T, V><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, num_qblocks, tiles, maps);
+  attention_forward_sm90_ws_kernel<T, V><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, maps);
   return gpu::last_launch_status();
 }
 

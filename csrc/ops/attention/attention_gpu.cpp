@@ -132,6 +132,8 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
   args.k = kc.data_ptr();
   args.v = vc.data_ptr();
   args.out = out.data_ptr();
+  const at::Tensor schedule = schedule_workspace(args.p, q);
+  args.schedule = schedule.data_ptr<int>();
   validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
   check_status(ka::hstu_forward(args, launch_options(), stream), op, "forward kernel launch");
   common::end_gpu_call(q.device(), stream, op);
@@ -178,6 +180,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     args.grad_v = grad_v.data_ptr();
     args.grad_q_accum = grad_q_accum.data_ptr<float>();
     args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
+    const at::Tensor schedule = schedule_workspace(args.p, q);
+    args.schedule = schedule.data_ptr<int>();
     validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
     check_status(ka::hstu_backward(args, launch_options(), stream), op, "backward kernel launch");
   } else {

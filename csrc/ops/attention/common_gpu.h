@@ -40,6 +40,12 @@ inline kernels::attention::LaunchOptions launch_options() {
   return o;
 }
 
+// The tile schedule's workspace (attention_api.h) for problem `p`: int32 on the device of `like`. The
+// caching allocator reuses it only after the stream's kernels that read it.
+inline at::Tensor schedule_workspace(const kernels::attention::AttentionProblem& p, const at::Tensor& like) {
+  return at::empty({kernels::attention::schedule_workspace_ints(p)}, like.options().dtype(at::kInt));
+}
+
 inline void check_status(gpu::status_t st, const char* op, const char* what) {
   TORCH_CHECK(st == gpu::kSuccess, op, ": ", what, " failed: ", gpu::status_string(st));
 }

@@ -147,6 +147,8 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
   args.k = kc.data_ptr();
   args.v = vc.data_ptr();
   args.out = out.data_ptr();
+  const at::Tensor schedule = schedule_workspace(args.p, query);
+  args.schedule = schedule.data_ptr<int>();
   validate_values(o, layout, storage.query_offset, storage.key_offset, sink, stream, op);
   check_status(ka::gdpa_forward(args, launch_options(), stream), op, "forward kernel launch");
   common::end_gpu_call(query.device(), stream, op);
@@ -196,6 +198,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   args.grad_k = grad_k.data_ptr();
   args.grad_v = grad_v.data_ptr();
   args.grad_q_accum = grad_q_accum.data_ptr<float>();
+  const at::Tensor schedule = schedule_workspace(args.p, query);
+  args.schedule = schedule.data_ptr<int>();
   validate_values(o, layout, storage.query_offset, storage.key_offset, sink, stream, op);
   check_status(ka::gdpa_backward(args, launch_options(), stream), op, "backward kernel launch");
   common::end_gpu_call(query.device(), stream, op);
