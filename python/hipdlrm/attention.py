@@ -143,8 +143,8 @@ def hstu_mha(
             the targets (and the targets) attend without the distance limit, as GR's mask defines it.
         dropout_pr, training: attention dropout; only ``dropout_pr == 0`` or ``training=False`` (no dropout)
             is supported: dropout raises NotImplementedError.
-        sort_by_length: GR's kernels schedule the sequences longest first with it; the result is the same
-            either way, and hipdlrm's kernels do not reorder, so it changes nothing here.
+        sort_by_length: GR's kernels schedule the sequences longest first with it; hipdlrm's GPU kernels
+            always do (their tile schedule), and the result is the same either way: it changes nothing here.
         kernel: GR's backend choice (its Kernel enum); ignored: hipdlrm runs its own kernels.
 
     Differentiable in q, k, v and rab; attn_scale is a constant. The scalar arguments are checked before
