@@ -123,17 +123,10 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
     return out;
   }
   ProblemStorage storage;
-  const at::Tensor qc = kernel_layout(q);
-  const at::Tensor kc = kernel_layout(k);
-  const at::Tensor vc = kernel_layout(v);
   ka::HstuForwardArgs args;
   args.p = make_problem(q, o, layout, storage);
-  args.q = qc.data_ptr();
-  args.k = kc.data_ptr();
-  args.v = vc.data_ptr();
-  args.out = out.data_ptr();
-  const at::Tensor schedule = schedule_workspace(args.p, q);
-  args.schedule = schedule.data_ptr<int>();
+  const LaunchInputs inputs(args.p, q, k, v);
+  inputs.bind(args, out);
   validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
   check_status(ka::hstu_forward(args, launch_options(), stream), op, "forward kernel launch");
   common::end_gpu_call(q.device(), stream, op);
@@ -164,24 +157,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
   if (rab_requires_grad) grad_rab = at::zeros(o.rab->sizes(), q.options().dtype(at::kFloat));
   if (!nothing_to_compute(layout)) {
     ProblemStorage storage;
-    const at::Tensor qc = kernel_layout(q);
-    const at::Tensor kc = kernel_layout(k);
-    const at::Tensor vc = kernel_layout(v);
-    const at::Tensor gc = kernel_layout(grad_out);
     const at::Tensor grad_q_accum = at::zeros({layout.tokens, layout.heads, layout.dqk}, q.options().dtype(at::kFloat));
     ka::HstuBackwardArgs args;
     args.p = make_problem(q, o, layout, storage);
-    args.q = qc.data_ptr();
-    args.k = kc.data_ptr();
-    args.v = vc.data_ptr();
-    args.grad_out = gc.data_ptr();
-    args.grad_q = grad_q.data_ptr();
-    args.grad_k = grad_k.data_ptr();
-    args.grad_v = grad_v.data_ptr();
-    args.grad_q_accum = grad_q_accum.data_ptr<float>();
+    const LaunchInputs inputs(args.p, q, k, v, grad_out);
+    inputs.bind(args, grad_q, grad_k, grad_v, grad_q_accum);
     args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
-    const at::Tensor schedule = schedule_workspace(args.p, q);
-    args.schedule = schedule.data_ptr<int>();
     validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
     check_status(ka::hstu_backward(args, launch_options(), stream), op, "backward kernel launch");
   } else {

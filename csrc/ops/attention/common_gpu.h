@@ -40,11 +40,41 @@ inline kernels::attention::LaunchOptions launch_options() {
   return o;
 }
 
-// The tile schedule's workspace (attention_api.h) for problem `p`: int32 on the device of `like`. The
-// caching allocator reuses it only after the stream's kernels that read it.
-inline at::Tensor schedule_workspace(const kernels::attention::AttentionProblem& p, const at::Tensor& like) {
-  return at::empty({kernels::attention::schedule_workspace_ints(p)}, like.options().dtype(at::kInt));
-}
+// What a kernel launch reads besides the problem's own tensors: q, k, v (and grad_out) in the kernels'
+// layout, and the tile schedule's workspace (attention_api.h, int32, on q's device) for problem `p`. Held
+// until the launch is enqueued; the caching allocator reuses the memory only after the stream's kernels.
+struct LaunchInputs {
+  at::Tensor q, k, v, grad_out, schedule;
+
+  LaunchInputs(const kernels::attention::AttentionProblem& p, const at::Tensor& q_, const at::Tensor& k_,
+               const at::Tensor& v_, const at::Tensor& grad_out_ = at::Tensor())
+      : q(kernel_layout(q_)),
+        k(kernel_layout(k_)),
+        v(kernel_layout(v_)),
+        grad_out(grad_out_.defined() ? kernel_layout(grad_out_) : at::Tensor()),
+        schedule(at::empty({kernels::attention::schedule_workspace_ints(p)}, q_.options().dtype(at::kInt))) {}
+
+  void bind(kernels::attention::AttentionForwardArgs& a, const at::Tensor& out) const {
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    a.out = out.data_ptr();
+    a.schedule = schedule.data_ptr<int>();
+  }
+  // grad_q_accum: fp32, zeroed (AttentionBackwardArgs).
+  void bind(kernels::attention::AttentionBackwardArgs& a, const at::Tensor& grad_q, const at::Tensor& grad_k,
+            const at::Tensor& grad_v, const at::Tensor& grad_q_accum) const {
+    a.q = q.data_ptr();
+    a.k = k.data_ptr();
+    a.v = v.data_ptr();
+    a.grad_out = grad_out.data_ptr();
+    a.grad_q = grad_q.data_ptr();
+    a.grad_k = grad_k.data_ptr();
+    a.grad_v = grad_v.data_ptr();
+    a.grad_q_accum = grad_q_accum.data_ptr<float>();
+    a.schedule = schedule.data_ptr<int>();
+  }
+};
 
 inline void check_status(gpu::status_t st, const char* op, const char* what) {
   TORCH_CHECK(st == gpu::kSuccess, op, ": ", what, " failed: ", gpu::status_string(st));
