@@ -38,7 +38,10 @@ is not flushed between iterations.
 
 Before timing, hipdlrm's forward and gradients on the first sequences are checked against the padded
 plain-PyTorch computation in fp32; the run aborts on a mismatch. Targets (issue 6, bf16, D = 128):
-forward >= 350 and backward >= 250 TFLOP/s at N = 1024, and higher at 2048 and 4096.
+forward >= 350 and backward >= 250 TFLOP/s at N = 1024, and higher at 2048 and 4096. Issue 31: at
+sparsity 1.0, SDPA's time / hipdlrm's >= 1.0 at D = 64 and 128 and >= 0.8 at D = 32 and 256, forward and
+backward, every N (all five head dims and the four sparsities: --head-dims 16,32,64,128,256 --sparsities
+1,0.5,0.2,0.05).
 
 GDPA workload (--op gdpa; Meta's GDPA benchmark)
   B = 1152 samples, H = 4 query and kv heads, D = 128, bf16, activations gelu and fast_gelu,
@@ -58,7 +61,8 @@ per activation (skipped where its [B, H, Nq, Nkv] intermediates do not fit). Ite
 shape (20, 10, 5 on a GPU) unless --iters is given. Each activation is checked on the first samples
 against the padded computation in fp32 before timing. Targets (issue 7, bf16, D = 128, sparsity 1.0):
 forward >= 400 and backward >= 250 TFLOP/s at N = 1024 for gelu and for fast_gelu; PFFN forward >= 300
-TFLOP/s at query length 1024.
+TFLOP/s at query length 1024. Issue 31: non-causal SDPA's time / hipdlrm's >= 1.0 at D = 64 and 128
+(--head-dims 64,128), both forms, every N and activation, sparsity 1.0.
 """
 from __future__ import annotations
 
@@ -96,6 +100,9 @@ TARGET_LONGER_N = [2048, 4096]
 FULL_SPARSITY = 0.95  # at or above: the default lengths, uniform in [0.9 N, N)
 # Jagged batches: TFLOP/s over the real lengths against the s = 1.0 figure at the same N and D (issue 31).
 SPARSITY_TARGETS = {0.5: 0.8, 0.2: 0.6, 0.05: 0.3}
+# Issue 31: hipdlrm's time against causal SDPA's on the padded batch (SDPA ms / hipdlrm ms) at sparsity 1.0,
+# bf16, every N, forward and backward, by head dim; GDPA's against non-causal SDPA (GDPA_SDPA_TARGETS).
+SDPA_TARGETS = {64: 1.0, 128: 1.0, 32: 0.8, 256: 0.8}
 # [B, H, N, N] tensors (input dtype) of the padded plain-PyTorch HSTU alive at its peak: two saved by the
 # forward (SiLU's input, the masked P), up to three during the backward, and one of headroom.
 TORCH_PEAK_SCORE_TENSORS = 6
@@ -351,7 +358,29 @@ def evaluate_targets(rows: List[dict]) -> List[dict]:
             targets.append({"target": f"{direction} TFLOP/s, N={n}: >= {goal:g} and above N={TARGET_BASE_N}",
                             "value": v, "goal": f"> {base:.1f}" if base is not None else f">= {goal:g}",
                             "status": "n/a" if v is None or base is None else ("PASS" if ok else "FAIL")})
-    return targets + sparsity_targets(rows)
+    return targets + sparsity_targets(rows) + sdpa_targets(rows, SDPA_TARGETS, "causal SDPA")
+
+
+def sdpa_targets(rows: List[dict], goals: Dict[int, float], anchor: str, key=("seq_len",)) -> List[dict]:
+    """Issue 31's "x SDPA" targets: SDPA's time over hipdlrm's on the same workload (same D, direction and
+    `key` fields, sparsity 1.0, bf16), for the head dims with a goal."""
+    def where(r: dict) -> tuple:
+        return tuple(r[k] for k in key) + (r["dim"], r["direction"], r["sparsity"], r["dtype"])
+
+    sdpa = {where(r): r["ms"] for r in rows if r["variant"] == SDPA and "ms" in r}
+    targets = []
+    for r in rows:
+        goal = goals.get(r["dim"])
+        if r["variant"] != HIP or goal is None or r["sparsity"] < FULL_SPARSITY or r["dtype"] != "bfloat16":
+            continue
+        base = sdpa.get(where(r))
+        v = base / r["ms"] if base is not None and "ms" in r else None
+        label = ", ".join(f"{k}={r[k]}" for k in key)
+        targets.append({"target": f"{r['direction']} time {anchor} / hipdlrm, {label}, D={r['dim']}"
+                                  + (f", {r['activation']}" if "activation" in r else ""),
+                        "value": v, "goal": f">= {goal:g}",
+                        "status": "n/a" if v is None else ("PASS" if v >= goal else "FAIL")})
+    return targets
 
 
 def add_sparsity_ratios(rows: List[dict]) -> None:
@@ -390,6 +419,7 @@ JAGGED = "jagged"
 PFFN = "pffn"
 GDPA_BWD_FLOP_FACTOR = 2.5
 GDPA_TARGET_DIM = 128
+GDPA_SDPA_TARGETS = {64: 1.0, 128: 1.0}  # issue 31, against non-causal SDPA (jagged and PFFN forms)
 GDPA_TARGET_N = 1024
 GDPA_TARGET_FWD = 400.0
 GDPA_TARGET_BWD = 250.0
@@ -650,7 +680,7 @@ def gdpa_targets(rows: List[dict], activations: List[str]) -> List[dict]:
         targets.append(target(f"backward TFLOP/s, {where}", value(JAGGED, "backward", activation), GDPA_TARGET_BWD))
         targets.append(target(f"PFFN forward TFLOP/s, Nq={GDPA_TARGET_N}, {activation}",
                               value(PFFN, "forward", activation), GDPA_TARGET_PFFN_FWD))
-    return targets
+    return targets + sdpa_targets(rows, GDPA_SDPA_TARGETS, "non-causal SDPA", key=("form", "n_q", "n_kv"))
 
 
 def main_gdpa(args: argparse.Namespace, device: torch.device) -> int:
