@@ -131,8 +131,8 @@ def hstu_mha(
 
     Args:
         q, k: ``[L, H, Dqk]``; v: ``[L, H, Dv]``; one dtype (float16, bfloat16, float32; float64 for
-            gradcheck), any head dims (the GPU kernels serve 32, 64, 128 and 256; others take the
-            composite path, which reads seq_offsets on the host).
+            gradcheck), any head dims (the GPU kernels serve 32, 64, 128 and 256 in fp16/bf16; others take
+            the composite path, which on a GPU pads the sequences to max_seq_len: correct, not fast).
         seq_offsets: ``[B + 1]`` int32 or int64, non-decreasing, from 0 to L.
         num_targets: optional ``[B]`` int32/int64, the number of target tokens at the end of each sequence.
         rab: optional relative attention bias ``[1 or B, 1 or H, max_seq_len, max_seq_len]`` in q's dtype,

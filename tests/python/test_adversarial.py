@@ -865,8 +865,8 @@ def hstu_reference(q, k, v, offsets, max_seq_len, alpha=ALPHA, num_targets=None)
 
 
 def attention_dtype(device):
-    """bf16 on the GPU: fp32 and fp64 take the composite path there, which checks the offsets on the host
-    (docs/attention.md); the kernels, and their device-side checks, run for bf16 and fp16."""
+    """bf16 on the GPU: the kernels, and their device-side checks, run for bf16 and fp16 (fp32 and fp64 take
+    the composite path there, docs/attention.md)."""
     return torch.float32 if device == "cpu" else torch.bfloat16
 
 

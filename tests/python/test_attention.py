@@ -871,6 +871,33 @@ def test_gpu_backward_dk_dv_deterministic(dtype):
 
 
 @requires_gpu
+@pytest.mark.parametrize("dtype,dim", [(torch.float32, 32), (torch.bfloat16, 48), (torch.float32, 16)], ids=str)
+def test_gpu_composite_path_makes_no_host_sync(dtype, dim):
+    """fp32 inputs and head dims without a kernel run the composite path: its forward and backward ops read
+    nothing on the host (torch.cuda.set_sync_debug_mode("error") raises on any synchronisation) and agree
+    with the CPU op, whose composite path pads each chunk of length-sorted sequences to its longest."""
+    case = Case(lengths=(5, 0, 17, 9, 1), max_seq_len=20, heads=2, dqk=dim, dv=dim, dtype=dtype, targets=True,
+                contextual_seq_len=2, rab=("B", "H"), scale="per_token")
+    inp_cpu = make_inputs(case)
+    inp = inp_cpu.to("cuda")
+    args = _op_args(case, inp, requires_grad=False)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = FWD(*args)
+        grads = BWD(args[0], args[1], inp.grad_out, *args[2:], True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    cpu_args = _op_args(case, inp_cpu, requires_grad=False)
+    want_out = FWD(*cpu_args)
+    want = BWD(cpu_args[0], cpu_args[1], inp_cpu.grad_out, *cpu_args[2:], True)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.cpu(), want_out, **tol)
+    for name, g, w in zip(("q", "k", "v", "rab"), grads, want):
+        torch.testing.assert_close(g.cpu(), w, **tol, msg=lambda m, name=name: f"grad {name}: {m}")
+
+
+@requires_gpu
 def test_gpu_inputs_not_modified():
     for dtype in GPU_DTYPES:
         case = Case(scale="per_token", targets=True, rab=("B", "H"), dtype=dtype)

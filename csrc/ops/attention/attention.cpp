@@ -2,15 +2,18 @@
 // GPU).
 //
 // The composite implementation is the reference: for each sequence b (tokens seq_offsets[b] ..
-// seq_offsets[b+1], length n) and every head at once, in fp32 (fp64 for fp64 inputs),
+// seq_offsets[b+1], length n) and every head, in fp32 (fp64 for fp64 inputs),
 //   S = alpha * q_b k_b^T (+ rab[b, :, :n, :n])     P = SiLU(S) * scale (.) valid     O_b = P v_b
-// with the valid mask built from the contract's formula (docs/attention.md). It is written with ATen
-// ops only, so the same code runs on any device; the backward recomputes S and P per sequence.
+// with the valid mask built from the contract's formula (docs/attention.md), batched over chunks of
+// padded sequences. It is written with ATen ops only, so the same code runs on any device, and on a GPU it
+// reads nothing on the host; the backward recomputes S and P.
 #include "ops/attention/attention.h"
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/attention/common.h"
 #include "ops/attention/gdpa.h"
@@ -110,38 +113,138 @@ void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, Hst
   }
 }
 
-// [n, n] bool: valid(i, j) for one sequence of length n with `targets` targets (-1: no num_targets).
-at::Tensor valid_mask(std::int64_t n, std::int64_t targets, const HstuOptions& o, const at::Device& device) {
+// ---- the composite implementation, in chunks of padded samples ----------------------------------------
+// Samples go in chunks, each padded to a width P ([C, H, P, P] scores per chunk, padded positions masked
+// out). Where the offsets are on the host (the CPU path) the samples are sorted by length and each chunk
+// is padded to its longest, so a jagged batch costs about its own sum of n^2; where they are not (a GPU:
+// nothing is read on the host, so the path stays graph-capturable and never stalls the stream) the chunks
+// are consecutive samples padded to max_seq_len, and every sequence is clamped into the rows and the max
+// length exactly as the kernels' sample_rows clamps it, so that invalid offsets (recorded on the device by
+// validate_offsets) cost a wrong result, never an access out of bounds.
+constexpr std::int64_t kChunkScores = std::int64_t{1} << 24;  // score elements per chunk (C H P P)
+
+struct Chunk {
+  at::Tensor samples;     // [C] long, on the device
+  std::int64_t width = 0;  // P
+};
+
+// Per-sample starts, lengths and targets on the device, clamped (sample_rows in attention_core.h).
+struct Samples {
+  at::Tensor start, length, targets;  // [B] long; targets undefined without num_targets
+};
+
+Samples samples_of(const HstuOptions& o, const HstuLayout& layout, const at::Device& device) {
   const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-  at::Tensor id = at::arange(n, longs);
-  std::int64_t max_id = n;
+  const at::Tensor off = o.seq_offsets.to(longs);
+  const std::int64_t lq = layout.tokens;
+  Samples s;
+  s.start = off.narrow(0, 0, layout.batch).clamp(0, lq);
+  const at::Tensor end = at::maximum(off.narrow(0, 1, layout.batch).clamp(0, lq), s.start);
+  s.length = (end - s.start).clamp_max(o.max_seq_len);
+  if (o.num_targets) s.targets = o.num_targets->to(longs);
+  return s;
+}
+
+std::vector<Chunk> plan_chunks(const HstuLayout& layout, const HstuOptions& o, std::int64_t heads,
+                               const at::Device& device) {
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
+  std::vector<Chunk> chunks;
+  if (layout.offsets.empty()) {  // offsets not on the host: consecutive samples at width max_seq_len
+    const std::int64_t p = o.max_seq_len;
+    if (p == 0) return chunks;
+    const std::int64_t per = std::max<std::int64_t>(1, kChunkScores / (heads * p * p));
+    for (std::int64_t b = 0; b < layout.batch; b += per)
+      chunks.push_back({at::arange(b, std::min(layout.batch, b + per), longs), p});
+    return chunks;
+  }
+  std::vector<std::int64_t> order;
+  for (std::int64_t b = 0; b < layout.batch; ++b)
+    if (layout.offsets[b + 1] > layout.offsets[b]) order.push_back(b);
+  auto len = [&](std::int64_t b) { return layout.offsets[b + 1] - layout.offsets[b]; };
+  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
+  for (std::size_t first = 0; first < order.size();) {
+    const std::int64_t p = len(order[first]);
+    const std::size_t per = static_cast<std::size_t>(std::max<std::int64_t>(1, kChunkScores / (heads * p * p)));
+    const std::size_t last = std::min(order.size(), first + per);
+    std::vector<std::int64_t> ids(order.begin() + first, order.begin() + last);
+    chunks.push_back({at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(device), p});
+    first = last;
+  }
+  return chunks;
+}
+
+// [C, 1, P, P] bool: valid(i, j) of each sample of the chunk (the contract's mask, docs/attention.md), false
+// at padded positions. n, targets: [C] long (targets undefined without num_targets).
+at::Tensor valid_mask(const at::Tensor& n, const at::Tensor& targets, const HstuOptions& o, std::int64_t p) {
+  const std::int64_t chunk = n.size(0);
+  const at::Tensor pos = at::arange(p, n.options()).view({1, p});
+  at::Tensor id = pos;
+  at::Tensor max_id = n.view({chunk, 1});
   const std::int64_t c = o.contextual_seq_len;
   if (c > 0) {
-    id = (id - (c - 1)).clamp_min_(0);
-    max_id = n - c + 1;
+    id = (id - (c - 1)).clamp_min(0);
+    max_id = max_id - c + 1;
   }
-  if (targets >= 0) {
-    max_id -= targets;
-    id = id.clamp_max(max_id);
-  }
-  const at::Tensor row = id.view({n, 1});
-  const at::Tensor col = id.view({1, n});
+  if (targets.defined()) max_id = max_id - targets.view({chunk, 1});
+  id = at::minimum(id.expand({chunk, p}), max_id);  // [C, P]
+  const at::Tensor row = id.view({chunk, p, 1});
+  const at::Tensor col = id.view({chunk, 1, p});
   at::Tensor d = row - col;
   if (!o.causal) d = d.abs();
-  at::Tensor valid = at::eye(n, longs.dtype(at::kBool)).logical_or_(d > 0);
+  at::Tensor valid = at::eye(p, n.options().dtype(at::kBool)).view({1, p, p}).logical_or(d > 0);
   if (o.max_attn_len > 0) {
     at::Tensor near = d <= o.max_attn_len;
     // min_full_attn_seq_len: the rows whose id is at least max_id - full attend without the limit.
-    if (o.min_full_attn_seq_len > 0) near.logical_or_(row >= max_id - o.min_full_attn_seq_len);
+    if (o.min_full_attn_seq_len > 0) near.logical_or_(row >= (max_id - o.min_full_attn_seq_len).view({chunk, 1, 1}));
     valid.logical_and_(near);
   }
-  if (c > 0) valid.logical_or_(row.eq(0).logical_and(col < max_id));
-  return valid;
+  if (c > 0) valid.logical_or_(row.eq(0).logical_and(col < max_id.view({chunk, 1, 1})));
+  const at::Tensor in_seq = pos < n.view({chunk, 1});  // [C, P]
+  valid.logical_and_(in_seq.view({chunk, p, 1})).logical_and_(in_seq.view({chunk, 1, p}));
+  return valid.view({chunk, 1, p, p});
 }
 
-// rab[b or 0, :, :n, :n]: [1 or H, n, n].
-at::Tensor rab_block(const at::Tensor& rab, std::int64_t b, std::int64_t n) {
-  return rab.select(0, rab.size(0) == 1 ? 0 : b).narrow(1, 0, n).narrow(2, 0, n);
+// One chunk's rows, operands and pre-activation scores, in the compute type, heads second.
+struct ChunkRows {
+  std::int64_t count = 0, width = 0;
+  at::Tensor rows;     // [C * P] long: the token of each padded position (clamped into [0, L))
+  at::Tensor dest;     // [C * P] long: rows, or L (the spare row past the end) at padded positions
+  at::Tensor q, k, v;  // [C, H, P, D]
+  at::Tensor s;        // [C, H, P, P]: alpha q k^T (+ rab)
+  at::Tensor invalid;  // [C, 1, P, P] bool
+};
+
+// x [C, P, H, D] rows of t (a [L, H, D] tensor) at `rows`, heads second.
+at::Tensor gather_rows(const at::Tensor& t, const at::Tensor& rows, std::int64_t count, std::int64_t width) {
+  return t.index_select(0, rows).view({count, width, t.size(1), t.size(2)}).transpose(1, 2);
+}
+
+// [C, 1 or H, P, P]: rab's slices of the chunk's samples (rab_batch 1 broadcasts).
+at::Tensor rab_rows(const at::Tensor& rab, const at::Tensor& samples, std::int64_t width) {
+  const at::Tensor r = rab.size(0) == 1 ? rab : rab.index_select(0, samples);
+  return r.narrow(2, 0, width).narrow(3, 0, width);
+}
+
+ChunkRows load_chunk(const at::Tensor& qc, const at::Tensor& kc, const at::Tensor& vc, const HstuOptions& o,
+                     const Samples& all, const Chunk& chunk, at::ScalarType compute) {
+  ChunkRows c;
+  c.count = chunk.samples.size(0);
+  c.width = chunk.width;
+  const std::int64_t lq = qc.size(0);
+  const at::Tensor start = all.start.index_select(0, chunk.samples);
+  const at::Tensor n = all.length.index_select(0, chunk.samples);
+  const at::Tensor pos = at::arange(c.width, start.options()).view({1, c.width});
+  const at::Tensor token = start.view({c.count, 1}) + pos;
+  c.rows = token.clamp_max(lq - 1).view(-1);
+  c.dest = at::where(pos < n.view({c.count, 1}), token, lq).view(-1);
+  c.q = gather_rows(qc, c.rows, c.count, c.width);
+  c.k = gather_rows(kc, c.rows, c.count, c.width);
+  c.v = gather_rows(vc, c.rows, c.count, c.width);
+  c.s = at::matmul(c.q, c.k.transpose(2, 3)).mul_(o.alpha);
+  if (o.rab) c.s.add_(rab_rows(*o.rab, chunk.samples, c.width).to(compute));
+  const at::Tensor targets = all.targets.defined() ? all.targets.index_select(0, chunk.samples) : at::Tensor();
+  c.invalid = valid_mask(n, targets, o, c.width).logical_not_();
+  return c;
 }
 
 // The row scale of P: attn_scale_per_token rows, or one value.
@@ -151,9 +254,9 @@ class RowScale {
     if (o.attn_scale_per_token) per_token_ = o.attn_scale_per_token->to(compute);
   }
 
-  // x [H, n, n] *= scale of rows s0 .. s0 + n, in place.
-  at::Tensor& apply(at::Tensor& x, std::int64_t s0, std::int64_t n) const {
-    if (per_token_.defined()) return x.mul_(per_token_.narrow(0, s0, n).view({1, n, 1}));
+  // x [C, H, P, P] *= the scale of each row, in place.
+  at::Tensor& apply(at::Tensor& x, const ChunkRows& c) const {
+    if (per_token_.defined()) return x.mul_(per_token_.index_select(0, c.rows).view({c.count, 1, c.width, 1}));
     return x.mul_(value_);
   }
 
@@ -162,28 +265,9 @@ class RowScale {
   at::Tensor per_token_;
 };
 
-// One sequence's operands and pre-activation scores, in the compute type, heads first.
-struct Sequence {
-  std::int64_t s0 = 0;
-  std::int64_t n = 0;
-  at::Tensor q, k, v;  // [H, n, D]
-  at::Tensor s;        // [H, n, n]: alpha q k^T (+ rab)
-  at::Tensor invalid;  // [n, n] bool
-};
-
-Sequence load_sequence(const at::Tensor& qc, const at::Tensor& kc, const at::Tensor& vc, const HstuOptions& o,
-                       const HstuLayout& layout, std::int64_t b, at::ScalarType compute) {
-  Sequence seq;
-  seq.s0 = layout.offsets[b];
-  seq.n = layout.offsets[b + 1] - seq.s0;
-  seq.q = qc.narrow(0, seq.s0, seq.n).transpose(0, 1);
-  seq.k = kc.narrow(0, seq.s0, seq.n).transpose(0, 1);
-  seq.v = vc.narrow(0, seq.s0, seq.n).transpose(0, 1);
-  seq.s = at::matmul(seq.q, seq.k.transpose(1, 2)).mul_(o.alpha);
-  if (o.rab) seq.s.add_(rab_block(*o.rab, b, seq.n).to(compute));
-  const std::int64_t targets = o.num_targets ? layout.targets[b] : -1;
-  seq.invalid = valid_mask(seq.n, targets, o, qc.device()).logical_not_();
-  return seq;
+// [C, H, P, D] -> rows `c.dest` of out ([L + 1, H, D]; row L takes the padded positions).
+void scatter_rows(at::Tensor& out, const ChunkRows& c, const at::Tensor& x) {
+  out.index_copy_(0, c.dest, x.transpose(1, 2).reshape({c.count * c.width, x.size(1), x.size(3)}).to(out.scalar_type()));
 }
 
 at::Tensor forward_cpu(std::int64_t max_seq_len, double alpha, const at::Tensor& q, const at::Tensor& k,
@@ -285,55 +369,69 @@ double scale_value(const HstuOptions& o) {
 
 at::Tensor forward_composite(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HstuOptions& o,
                              const HstuLayout& layout) {
-  at::Tensor out = at::empty({layout.tokens, layout.heads, layout.dv}, q.options());
-  const at::ScalarType compute = compute_type(q.scalar_type());
-  const at::Tensor qc = q.to(compute);
-  const at::Tensor kc = k.to(compute);
-  const at::Tensor vc = v.to(compute);
-  const RowScale scale(o, compute);
-  for (std::int64_t b = 0; b < layout.batch; ++b) {
-    if (layout.offsets[b + 1] == layout.offsets[b]) continue;
-    const Sequence seq = load_sequence(qc, kc, vc, o, layout, b, compute);
-    at::Tensor p = at::silu(seq.s);
-    scale.apply(p, seq.s0, seq.n).masked_fill_(seq.invalid, 0);
-    out.narrow(0, seq.s0, seq.n).copy_(at::matmul(p, seq.v).transpose(0, 1));
+  at::Tensor out = at::zeros({layout.tokens + 1, layout.heads, layout.dv}, q.options());
+  if (layout.tokens > 0) {
+    const at::ScalarType compute = compute_type(q.scalar_type());
+    const at::Tensor qc = q.to(compute);
+    const at::Tensor kc = k.to(compute);
+    const at::Tensor vc = v.to(compute);
+    const RowScale scale(o, compute);
+    const Samples all = samples_of(o, layout, q.device());
+    for (const Chunk& chunk : plan_chunks(layout, o, layout.heads, q.device())) {
+      const ChunkRows c = load_chunk(qc, kc, vc, o, all, chunk, compute);
+      at::Tensor p = at::silu(c.s);
+      scale.apply(p, c).masked_fill_(c.invalid, 0);
+      scatter_rows(out, c, at::matmul(p, c.v));
+    }
   }
-  return out;
+  return out.narrow(0, 0, layout.tokens);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backward_composite(
     const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HstuOptions& o,
     const HstuLayout& layout, bool rab_requires_grad) {
-  at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
-  at::Tensor grad_k = at::empty_like(k, at::MemoryFormat::Contiguous);
-  at::Tensor grad_v = at::empty_like(v, at::MemoryFormat::Contiguous);
+  const std::int64_t rows = layout.tokens + 1;  // row L takes the padded positions
+  at::Tensor grad_q = at::zeros({rows, layout.heads, layout.dqk}, q.options());
+  at::Tensor grad_k = at::zeros({rows, layout.heads, layout.dqk}, q.options());
+  at::Tensor grad_v = at::zeros({rows, layout.heads, layout.dv}, q.options());
   const at::ScalarType compute = compute_type(q.scalar_type());
   at::Tensor grad_rab;
   if (rab_requires_grad) grad_rab = at::zeros(o.rab->sizes(), o.rab->options().dtype(compute));
-  const at::Tensor qc = q.to(compute);
-  const at::Tensor kc = k.to(compute);
-  const at::Tensor vc = v.to(compute);
-  const at::Tensor gc = grad_out.to(compute);
-  const RowScale scale(o, compute);
-  for (std::int64_t b = 0; b < layout.batch; ++b) {
-    if (layout.offsets[b + 1] == layout.offsets[b]) continue;
-    const Sequence seq = load_sequence(qc, kc, vc, o, layout, b, compute);
-    const at::Tensor go = gc.narrow(0, seq.s0, seq.n).transpose(0, 1);  // [H, n, Dv]
-    const at::Tensor sig = at::sigmoid(seq.s);
-    at::Tensor p = seq.s * sig;
-    scale.apply(p, seq.s0, seq.n).masked_fill_(seq.invalid, 0);
-    grad_v.narrow(0, seq.s0, seq.n).copy_(at::matmul(p.transpose(1, 2), go).transpose(0, 1));
-    at::Tensor ds = at::matmul(go, seq.v.transpose(1, 2));
-    scale.apply(ds, seq.s0, seq.n).masked_fill_(seq.invalid, 0);
-    // SiLU'(s) = sigmoid(s) * (1 + s * (1 - sigmoid(s)))
-    ds.mul_(sig * (seq.s * (1 - sig) + 1));
-    grad_q.narrow(0, seq.s0, seq.n).copy_(at::matmul(ds, seq.k).mul_(o.alpha).transpose(0, 1));
-    grad_k.narrow(0, seq.s0, seq.n).copy_(at::matmul(ds.transpose(1, 2), seq.q).mul_(o.alpha).transpose(0, 1));
-    if (rab_requires_grad) rab_block(grad_rab, b, seq.n).add_(grad_rab.size(1) == 1 ? ds.sum(0, true) : ds);
+  if (layout.tokens > 0) {
+    const at::Tensor qc = q.to(compute);
+    const at::Tensor kc = k.to(compute);
+    const at::Tensor vc = v.to(compute);
+    const at::Tensor gc = grad_out.to(compute);
+    const RowScale scale(o, compute);
+    const Samples all = samples_of(o, layout, q.device());
+    for (const Chunk& chunk : plan_chunks(layout, o, layout.heads, q.device())) {
+      const ChunkRows c = load_chunk(qc, kc, vc, o, all, chunk, compute);
+      const at::Tensor go = gather_rows(gc, c.rows, c.count, c.width);  // [C, H, P, Dv]
+      const at::Tensor sig = at::sigmoid(c.s);
+      at::Tensor p = c.s * sig;
+      scale.apply(p, c).masked_fill_(c.invalid, 0);
+      scatter_rows(grad_v, c, at::matmul(p.transpose(2, 3), go));
+      at::Tensor ds = at::matmul(go, c.v.transpose(2, 3));
+      scale.apply(ds, c).masked_fill_(c.invalid, 0);
+      // SiLU'(s) = sigmoid(s) * (1 + s * (1 - sigmoid(s)))
+      ds.mul_(sig * (c.s * (1 - sig) + 1));
+      scatter_rows(grad_q, c, at::matmul(ds, c.k).mul_(o.alpha));
+      scatter_rows(grad_k, c, at::matmul(ds.transpose(2, 3), c.q).mul_(o.alpha));
+      if (rab_requires_grad) {
+        const at::Tensor d = grad_rab.size(1) == 1 ? ds.sum(1, true) : ds;  // [C, 1 or H, P, P]
+        at::Tensor block = grad_rab.narrow(2, 0, c.width).narrow(3, 0, c.width);
+        if (grad_rab.size(0) == 1) {
+          block.add_(d.sum(0, true));
+        } else {
+          block.index_add_(0, chunk.samples, d);
+        }
+      }
+    }
   }
   std::optional<at::Tensor> rab_grad;
   if (rab_requires_grad) rab_grad = grad_rab.to(o.rab->scalar_type());
-  return {grad_q, grad_k, grad_v, rab_grad};
+  return {grad_q.narrow(0, 0, layout.tokens), grad_k.narrow(0, 0, layout.tokens), grad_v.narrow(0, 0, layout.tokens),
+          rab_grad};
 }
 
 TORCH_LIBRARY_IMPL(hipdlrm, CPU, m) {

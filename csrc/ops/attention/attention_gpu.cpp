@@ -3,10 +3,10 @@
 // fp16 and bf16 inputs at head dims 32, 64, 128 and 256 run on the matrix-core kernels
 // (kernels/attention/attention_api.h). fp32 and fp64 inputs, and other head dims, take the composite path of
 // attention.cpp on the device: the kernels have no fp32 instantiation nor other head dims, and the
-// composite path is the reference the kernels are tested against (it reads the offsets on the host).
-// The kernel path reads no value on the host: each call enqueues validate_offsets, which records the
-// first invalid offset or num_targets value in the device error record (raised as a RuntimeError by a
-// later hipdlrm call or hipdlrm.synchronize()), and the kernels clamp every sequence into bounds.
+// composite path is the reference the kernels are tested against. Neither path reads a value on the
+// host: each call enqueues validate_offsets, which records the first invalid offset or num_targets value
+// in the device error record (raised as a RuntimeError by a later hipdlrm call or hipdlrm.synchronize()),
+// and the kernels and the composite path clamp every sequence into bounds.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -109,11 +109,17 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
                                      min_full_attn_seq_len);
   const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
-  const HstuLayout layout = check_forward(op, q, k, v, o, !on_kernels);
+  const HstuLayout layout = check_forward(op, q, k, v, o, false);  // the values are checked on the device
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const common::DeviceErrorSink sink = common::begin_gpu_call(q.device(), stream, op);
-  if (!on_kernels) return forward_composite(q, k, v, o, layout);
+  if (!on_kernels) {
+    validate_values(o, layout, o.seq_offsets.to(at::kLong).contiguous(),
+                    o.num_targets ? o.num_targets->to(at::kLong).contiguous() : at::Tensor(), sink, stream, op);
+    at::Tensor out = forward_composite(q, k, v, o, layout);
+    common::end_gpu_call(q.device(), stream, op);
+    return out;
+  }
 
   at::Tensor out = at::empty({layout.tokens, layout.heads, layout.dv}, q.options());
   if (nothing_to_compute(layout)) {
@@ -144,11 +150,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
                                      min_full_attn_seq_len);
   const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
-  const HstuLayout layout = check_backward(op, grad_out, q, k, v, o, rab_requires_grad, !on_kernels);
+  const HstuLayout layout = check_backward(op, grad_out, q, k, v, o, rab_requires_grad, false);
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const common::DeviceErrorSink sink = common::begin_gpu_call(q.device(), stream, op);
-  if (!on_kernels) return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
+  if (!on_kernels) {
+    validate_values(o, layout, o.seq_offsets.to(at::kLong).contiguous(),
+                    o.num_targets ? o.num_targets->to(at::kLong).contiguous() : at::Tensor(), sink, stream, op);
+    auto grads = backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
+    common::end_gpu_call(q.device(), stream, op);
+    return grads;
+  }
 
   at::Tensor grad_q = at::empty({layout.tokens, layout.heads, layout.dqk}, q.options());
   at::Tensor grad_k = at::empty({layout.tokens, layout.heads, layout.dqk}, q.options());
