@@ -12,6 +12,7 @@ The CPU op is checked against the oracle; the GPU op (CUDA/ROCm) against the ora
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Dict, Optional, Tuple
@@ -778,6 +779,86 @@ def test_gpu_errors_leave_the_context_usable(name):
         FWD(**args)
     torch.cuda.synchronize()
     assert float(torch.ones(4, device="cuda").sum()) == 4.0
+
+
+@contextlib.contextmanager
+def _deferred_checks():
+    """The default mode for a block of a test (the module runs in strict mode, whose wait for the stream would
+    hide a host sync from torch.cuda.set_sync_debug_mode): invalid values raise at the next hipdlrm call."""
+    before = hipdlrm.strict_checks()
+    hipdlrm.set_strict_checks(False)
+    try:
+        yield
+    finally:
+        hipdlrm.set_strict_checks(before)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype,dim,broadcast_q", [(torch.float32, 32, False), (torch.bfloat16, 48, False),
+                                                   (torch.float32, 16, True), (torch.bfloat16, 48, True)], ids=str)
+def test_gpu_composite_path_makes_no_host_sync(dtype, dim, broadcast_q):
+    """fp32 inputs and head dims without a kernel run the composite path: its forward and backward ops read
+    nothing on the host (torch.cuda.set_sync_debug_mode("error") raises on any synchronisation) and agree
+    with the CPU op, whose composite path pads each chunk of length-sorted samples to its longest (the GPU's
+    pads consecutive samples to the max lengths, here above every length)."""
+    if broadcast_q:
+        case = Case(q_lengths=(7,), kv_lengths=(3, 0, 12, 1), heads=4, kv_heads=1, dim=dim, activation="silu",
+                    broadcast_q=True, max_q=9, max_kv=16, dtype=dtype)
+    else:
+        case = Case(q_lengths=(5, 0, 17, 9, 1), kv_lengths=(4, 6, 0, 19, 1), heads=4, kv_heads=2, dim=dim,
+                    activation="fast_gelu", window=3, max_q=20, max_kv=24, dtype=dtype)
+    inp_cpu = make_inputs(case)
+    inp = inp_cpu.to("cuda")
+    args = _op_args(case, inp)
+    with _deferred_checks():
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out = FWD(*args)
+            grads = BWD(inp.grad_out, *args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        hipdlrm.synchronize()  # valid offsets: nothing was recorded
+    cpu_args = _op_args(case, inp_cpu)
+    want_out = FWD(*cpu_args)
+    want = BWD(inp_cpu.grad_out, *cpu_args)
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out.cpu(), want_out, **tol)
+    for name, g, w in zip(("query", "key", "value"), grads, want):
+        torch.testing.assert_close(g.cpu(), w, **tol, msg=lambda m, name=name: f"grad {name}: {m}")
+
+
+@requires_gpu
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("name", ["key_offset decreasing", "query_offset last", "max_seq_len_kv small",
+                                  "broadcast_q too long"])
+def test_gpu_composite_path_bad_offsets_raise_at_the_next_call(name, direction):
+    """On the composite path (fp32) invalid offsets are checked on the device, not on the host: the failing
+    call returns results computed on the clamped rows (finite, in bounds) without a host sync, and the next
+    hipdlrm call raises the error, naming the argument, once."""
+    overrides, pattern = ERRORS[name]
+    args = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in _error_args(**overrides).items()}
+    good_cpu = _error_args()
+    good = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in good_cpu.items()}
+    batch = args["key_offset"].numel() - 1
+    out_rows = batch * args["query"].shape[0] if args["broadcast_q"] else args["query"].shape[0]
+    grad_out = torch.ones(out_rows, 4, 32, device="cuda")
+    with _deferred_checks():
+        hipdlrm.synchronize()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            results = [FWD(**args)] if direction == "forward" else list(BWD(grad_out, **args))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()  # the check has run; nothing has been raised yet
+        for r in results:
+            assert torch.isfinite(r).all()
+        with pytest.raises(RuntimeError, match=rf"gdpa: (.*){pattern}.*found on cuda:\d+ by the kernels of an "
+                                               r"earlier call"):
+            FWD(**good)
+        hipdlrm.synchronize()  # raised once
+        torch.testing.assert_close(FWD(**good).cpu(), FWD(**good_cpu), rtol=1e-4, atol=1e-5)
 
 
 @requires_gpu

@@ -5,7 +5,7 @@
 // seq_offsets[b+1], length n) and every head, in fp32 (fp64 for fp64 inputs),
 //   S = alpha * q_b k_b^T (+ rab[b, :, :n, :n])     P = SiLU(S) * scale (.) valid     O_b = P v_b
 // with the valid mask built from the contract's formula (docs/attention.md), batched over chunks of
-// padded sequences. It is written with ATen ops only, so the same code runs on any device, and on a GPU it
+// padded sequences (composite.h). It is written with ATen ops only, so the same code runs on any device, and on a GPU it
 // reads nothing on the host; the backward recomputes S and P.
 #include "ops/attention/attention.h"
 
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "ops/attention/common.h"
+#include "ops/attention/composite.h"
 #include "ops/attention/gdpa.h"
 
 namespace hipdlrm {
@@ -87,10 +88,10 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
   }
 }
 
-// The values of seq_offsets (and num_targets), copied to the host in one go, for the paths that read them
-// there (the CPU kernels, the composite path). Without host_values (the GPU kernels) nothing is read: the
-// kernels clamp every sequence and validate_offsets records invalid values on the device, raised by a
-// later call (attention_gpu.cpp); layout.offsets / targets stay empty.
+// The values of seq_offsets (and num_targets), copied to the host in one go, for the path that reads them
+// there (the CPU's). Without host_values (a GPU, the kernels and the composite path) nothing is read: both
+// clamp every sequence and validate_offsets records invalid values on the device, raised by a later call
+// (attention_gpu.cpp); layout.offsets / targets stay empty.
 void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, HstuLayout& layout, bool host_values) {
   if (!host_values) return;
   at::Tensor values = o.seq_offsets.to(at::kLong);
@@ -113,64 +114,26 @@ void check_values(const char* op, const HstuOptions& o, std::int64_t tokens, Hst
   }
 }
 
-// ---- the composite implementation, in chunks of padded samples ----------------------------------------
-// Samples go in chunks, each padded to a width P ([C, H, P, P] scores per chunk, padded positions masked
-// out). Where the offsets are on the host (the CPU path) the samples are sorted by length and each chunk
-// is padded to its longest, so a jagged batch costs about its own sum of n^2; where they are not (a GPU:
-// nothing is read on the host, so the path stays graph-capturable and never stalls the stream) the chunks
-// are consecutive samples padded to max_seq_len, and every sequence is clamped into the rows and the max
-// length exactly as the kernels' sample_rows clamps it, so that invalid offsets (recorded on the device by
-// validate_offsets) cost a wrong result, never an access out of bounds.
-constexpr std::int64_t kChunkScores = std::int64_t{1} << 24;  // score elements per chunk (C H P P)
-
-struct Chunk {
-  at::Tensor samples;     // [C] long, on the device
-  std::int64_t width = 0;  // P
-};
-
-// Per-sample starts, lengths and targets on the device, clamped (sample_rows in attention_core.h).
+// ---- the composite implementation, in chunks of padded samples (composite.h) ----------------------------
+// Per-sample rows on the device, clamped as the kernels clamp them, and num_targets.
 struct Samples {
-  at::Tensor start, length, targets;  // [B] long; targets undefined without num_targets
+  SampleRanges rows;
+  at::Tensor targets;  // [B] long; undefined without num_targets
 };
 
-Samples samples_of(const HstuOptions& o, const HstuLayout& layout, const at::Device& device) {
-  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-  const at::Tensor off = o.seq_offsets.to(longs);
-  const std::int64_t lq = layout.tokens;
+Samples samples_of(const HstuOptions& o, const HstuLayout& layout) {
   Samples s;
-  s.start = off.narrow(0, 0, layout.batch).clamp(0, lq);
-  const at::Tensor end = at::maximum(off.narrow(0, 1, layout.batch).clamp(0, lq), s.start);
-  s.length = (end - s.start).clamp_max(o.max_seq_len);
-  if (o.num_targets) s.targets = o.num_targets->to(longs);
+  s.rows = sample_ranges(o.seq_offsets, layout.batch, layout.tokens, o.max_seq_len);
+  if (o.num_targets) s.targets = o.num_targets->to(at::kLong);
   return s;
 }
 
-std::vector<Chunk> plan_chunks(const HstuLayout& layout, const HstuOptions& o, std::int64_t heads,
-                               const at::Device& device) {
-  const auto longs = at::TensorOptions().dtype(at::kLong).device(device);
-  std::vector<Chunk> chunks;
-  if (layout.offsets.empty()) {  // offsets not on the host: consecutive samples at width max_seq_len
-    const std::int64_t p = o.max_seq_len;
-    if (p == 0) return chunks;
-    const std::int64_t per = std::max<std::int64_t>(1, kChunkScores / (heads * p * p));
-    for (std::int64_t b = 0; b < layout.batch; b += per)
-      chunks.push_back({at::arange(b, std::min(layout.batch, b + per), longs), p});
-    return chunks;
-  }
-  std::vector<std::int64_t> order;
-  for (std::int64_t b = 0; b < layout.batch; ++b)
-    if (layout.offsets[b + 1] > layout.offsets[b]) order.push_back(b);
-  auto len = [&](std::int64_t b) { return layout.offsets[b + 1] - layout.offsets[b]; };
-  std::stable_sort(order.begin(), order.end(), [&](std::int64_t a, std::int64_t b) { return len(a) > len(b); });
-  for (std::size_t first = 0; first < order.size();) {
-    const std::int64_t p = len(order[first]);
-    const std::size_t per = static_cast<std::size_t>(std::max<std::int64_t>(1, kChunkScores / (heads * p * p)));
-    const std::size_t last = std::min(order.size(), first + per);
-    std::vector<std::int64_t> ids(order.begin() + first, order.begin() + last);
-    chunks.push_back({at::tensor(ids, at::TensorOptions().dtype(at::kLong)).to(device), p});
-    first = last;
-  }
-  return chunks;
+// By length where the checks read the offsets on the host, else consecutive at max_seq_len.
+std::vector<Chunk> chunks_of(const HstuOptions& o, const HstuLayout& layout, const at::Device& device) {
+  std::vector<std::int64_t> n;
+  for (std::size_t b = 0; b + 1 < layout.offsets.size(); ++b) n.push_back(layout.offsets[b + 1] - layout.offsets[b]);
+  const std::int64_t width = std::min(o.max_seq_len, layout.tokens);
+  return plan_chunks(layout.batch, layout.heads, n, n, width, width, device);
 }
 
 // [C, 1, P, P] bool: valid(i, j) of each sample of the chunk (the contract's mask, docs/attention.md), false
@@ -206,18 +169,11 @@ at::Tensor valid_mask(const at::Tensor& n, const at::Tensor& targets, const Hstu
 
 // One chunk's rows, operands and pre-activation scores, in the compute type, heads second.
 struct ChunkRows {
-  std::int64_t count = 0, width = 0;
-  at::Tensor rows;     // [C * P] long: the token of each padded position (clamped into [0, L))
-  at::Tensor dest;     // [C * P] long: rows, or L (the spare row past the end) at padded positions
+  PaddedRows tokens;   // q's, k's and v's rows, and the output's
   at::Tensor q, k, v;  // [C, H, P, D]
   at::Tensor s;        // [C, H, P, P]: alpha q k^T (+ rab)
   at::Tensor invalid;  // [C, 1, P, P] bool
 };
-
-// x [C, P, H, D] rows of t (a [L, H, D] tensor) at `rows`, heads second.
-at::Tensor gather_rows(const at::Tensor& t, const at::Tensor& rows, std::int64_t count, std::int64_t width) {
-  return t.index_select(0, rows).view({count, width, t.size(1), t.size(2)}).transpose(1, 2);
-}
 
 // [C, 1 or H, P, P]: rab's slices of the chunk's samples (rab_batch 1 broadcasts).
 at::Tensor rab_rows(const at::Tensor& rab, const at::Tensor& samples, std::int64_t width) {
@@ -228,22 +184,16 @@ at::Tensor rab_rows(const at::Tensor& rab, const at::Tensor& samples, std::int64
 ChunkRows load_chunk(const at::Tensor& qc, const at::Tensor& kc, const at::Tensor& vc, const HstuOptions& o,
                      const Samples& all, const Chunk& chunk, at::ScalarType compute) {
   ChunkRows c;
-  c.count = chunk.samples.size(0);
-  c.width = chunk.width;
-  const std::int64_t lq = qc.size(0);
-  const at::Tensor start = all.start.index_select(0, chunk.samples);
-  const at::Tensor n = all.length.index_select(0, chunk.samples);
-  const at::Tensor pos = at::arange(c.width, start.options()).view({1, c.width});
-  const at::Tensor token = start.view({c.count, 1}) + pos;
-  c.rows = token.clamp_max(lq - 1).view(-1);
-  c.dest = at::where(pos < n.view({c.count, 1}), token, lq).view(-1);
-  c.q = gather_rows(qc, c.rows, c.count, c.width);
-  c.k = gather_rows(kc, c.rows, c.count, c.width);
-  c.v = gather_rows(vc, c.rows, c.count, c.width);
+  const std::int64_t width = chunk.width_q;
+  const at::Tensor n = all.rows.length.index_select(0, chunk.samples);
+  c.tokens = padded_rows(all.rows.start.index_select(0, chunk.samples), n, width, qc.size(0));
+  c.q = gather_rows(qc, c.tokens);
+  c.k = gather_rows(kc, c.tokens);
+  c.v = gather_rows(vc, c.tokens);
   c.s = at::matmul(c.q, c.k.transpose(2, 3)).mul_(o.alpha);
-  if (o.rab) c.s.add_(rab_rows(*o.rab, chunk.samples, c.width).to(compute));
+  if (o.rab) c.s.add_(rab_rows(*o.rab, chunk.samples, width).to(compute));
   const at::Tensor targets = all.targets.defined() ? all.targets.index_select(0, chunk.samples) : at::Tensor();
-  c.invalid = valid_mask(n, targets, o, c.width).logical_not_();
+  c.invalid = valid_mask(n, targets, o, width).logical_not_();
   return c;
 }
 
@@ -256,7 +206,8 @@ class RowScale {
 
   // x [C, H, P, P] *= the scale of each row, in place.
   at::Tensor& apply(at::Tensor& x, const ChunkRows& c) const {
-    if (per_token_.defined()) return x.mul_(per_token_.index_select(0, c.rows).view({c.count, 1, c.width, 1}));
+    const PaddedRows& t = c.tokens;
+    if (per_token_.defined()) return x.mul_(per_token_.index_select(0, t.rows).view({t.count, 1, t.width, 1}));
     return x.mul_(value_);
   }
 
@@ -264,11 +215,6 @@ class RowScale {
   double value_;
   at::Tensor per_token_;
 };
-
-// [C, H, P, D] -> rows `c.dest` of out ([L + 1, H, D]; row L takes the padded positions).
-void scatter_rows(at::Tensor& out, const ChunkRows& c, const at::Tensor& x) {
-  out.index_copy_(0, c.dest, x.transpose(1, 2).reshape({c.count * c.width, x.size(1), x.size(3)}).to(out.scalar_type()));
-}
 
 at::Tensor forward_cpu(std::int64_t max_seq_len, double alpha, const at::Tensor& q, const at::Tensor& k,
                        const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
@@ -376,12 +322,12 @@ at::Tensor forward_composite(const at::Tensor& q, const at::Tensor& k, const at:
     const at::Tensor kc = k.to(compute);
     const at::Tensor vc = v.to(compute);
     const RowScale scale(o, compute);
-    const Samples all = samples_of(o, layout, q.device());
-    for (const Chunk& chunk : plan_chunks(layout, o, layout.heads, q.device())) {
+    const Samples all = samples_of(o, layout);
+    for (const Chunk& chunk : chunks_of(o, layout, q.device())) {
       const ChunkRows c = load_chunk(qc, kc, vc, o, all, chunk, compute);
       at::Tensor p = at::silu(c.s);
       scale.apply(p, c).masked_fill_(c.invalid, 0);
-      scatter_rows(out, c, at::matmul(p, c.v));
+      scatter_rows(out, c.tokens.dest, at::matmul(p, c.v));
     }
   }
   return out.narrow(0, 0, layout.tokens);
@@ -403,23 +349,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     const at::Tensor vc = v.to(compute);
     const at::Tensor gc = grad_out.to(compute);
     const RowScale scale(o, compute);
-    const Samples all = samples_of(o, layout, q.device());
-    for (const Chunk& chunk : plan_chunks(layout, o, layout.heads, q.device())) {
+    const Samples all = samples_of(o, layout);
+    for (const Chunk& chunk : chunks_of(o, layout, q.device())) {
       const ChunkRows c = load_chunk(qc, kc, vc, o, all, chunk, compute);
-      const at::Tensor go = gather_rows(gc, c.rows, c.count, c.width);  // [C, H, P, Dv]
+      const at::Tensor go = gather_rows(gc, c.tokens);  // [C, H, P, Dv]
       const at::Tensor sig = at::sigmoid(c.s);
       at::Tensor p = c.s * sig;
       scale.apply(p, c).masked_fill_(c.invalid, 0);
-      scatter_rows(grad_v, c, at::matmul(p.transpose(2, 3), go));
+      scatter_rows(grad_v, c.tokens.dest, at::matmul(p.transpose(2, 3), go));
       at::Tensor ds = at::matmul(go, c.v.transpose(2, 3));
       scale.apply(ds, c).masked_fill_(c.invalid, 0);
       // SiLU'(s) = sigmoid(s) * (1 + s * (1 - sigmoid(s)))
       ds.mul_(sig * (c.s * (1 - sig) + 1));
-      scatter_rows(grad_q, c, at::matmul(ds, c.k).mul_(o.alpha));
-      scatter_rows(grad_k, c, at::matmul(ds.transpose(2, 3), c.q).mul_(o.alpha));
+      scatter_rows(grad_q, c.tokens.dest, at::matmul(ds, c.k).mul_(o.alpha));
+      scatter_rows(grad_k, c.tokens.dest, at::matmul(ds.transpose(2, 3), c.q).mul_(o.alpha));
       if (rab_requires_grad) {
         const at::Tensor d = grad_rab.size(1) == 1 ? ds.sum(1, true) : ds;  // [C, 1 or H, P, P]
-        at::Tensor block = grad_rab.narrow(2, 0, c.width).narrow(3, 0, c.width);
+        at::Tensor block = grad_rab.narrow(2, 0, chunk.width_q).narrow(3, 0, chunk.width_q);
         if (grad_rab.size(0) == 1) {
           block.add_(d.sum(0, true));
         } else {

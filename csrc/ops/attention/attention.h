@@ -1,5 +1,6 @@
 // HSTU attention (hstu_mha_fwd / hstu_mha_bwd): schemas, argument checks, and the composite
-// implementation (ATen ops per sequence) that serves the CPU and fp32/fp64 inputs on a GPU.
+// implementation (ATen ops over chunks of padded sequences, composite.h) that serves the CPU and, on a GPU,
+// fp32/fp64 inputs and head dims without a kernel.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -50,10 +51,10 @@ struct HstuLayout {
 };
 
 // Validates q, k, v and every option (shapes, head dims, dtypes, devices, offsets and num_targets
-// values, rab shape) and throws a RuntimeError naming the argument otherwise. On a GPU the values of
-// seq_offsets and num_targets come to the host in one small copy where the values are needed there.
-// host_values = false (the GPU kernels, which read and check the offsets on the device): nothing is read on
-// the host and layout.offsets / targets stay empty.
+// values, rab shape) and throws a RuntimeError naming the argument otherwise. With host_values (the CPU)
+// the values of seq_offsets and num_targets come to the host in one small copy. host_values = false (a GPU,
+// whose kernels and composite path clamp every sequence while validate_offsets checks the values on the
+// device): nothing is read on the host and layout.offsets / targets stay empty.
 HstuLayout check_forward(const char* op, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                          const HstuOptions& o, bool host_values = true);
 
@@ -65,8 +66,9 @@ HstuLayout check_backward(const char* op, const at::Tensor& grad_out, const at::
 // The output scale of P when attn_scale_per_token is not given: attn_scale, else 1 / max_seq_len.
 double scale_value(const HstuOptions& o);
 
-// The composite implementation on q's device, arguments already checked: per sequence, in fp32 (fp64
-// for fp64 inputs), results in the input dtype.
+// The composite implementation on q's device, arguments already checked: in chunks of padded sequences
+// (length-sorted with layout.offsets, consecutive at max_seq_len without), in fp32 (fp64 for fp64 inputs),
+// results in the input dtype.
 at::Tensor forward_composite(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const HstuOptions& o,
                              const HstuLayout& layout);
 

@@ -15,7 +15,7 @@ namespace ops {
 namespace attention {
 
 // The attention kernels are instantiated for fp16 and bf16 at head dims 32, 64, 128 and 256; other
-// dtypes and head dims take the composite path (gdpa's reads the offsets on the host; hstu_mha's does not).
+// dtypes and head dims take the composite path, which reads nothing on the host either.
 inline bool runs_on_kernels(at::ScalarType t, std::int64_t dqk, std::int64_t dv) {
   return (t == at::kHalf || t == at::kBFloat16) && kernel_head_dim(dqk) && kernel_head_dim(dv);
 }

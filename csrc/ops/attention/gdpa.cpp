@@ -6,16 +6,19 @@
 //   S = q_b k_b^T, zero where |i - j| > window_size     P = act(S) * qk_scale     O_b = P v_b
 // where query head h reads kv head h / (Hq / Hkv). There is no normalisation and no causal mask. Meta's
 // CPU fallback computes softmax attention instead; this computes the kernels' function on every device.
-// It is written with ATen ops only, so the same code runs on any device; the backward recomputes S and P
-// per sample.
+// It is batched over chunks of padded samples (composite.h) and written with ATen ops only, so the same
+// code runs on any device, and on a GPU it reads nothing on the host; the backward recomputes S and P.
 #include "ops/attention/gdpa.h"
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "ops/attention/common.h"
+#include "ops/attention/composite.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -78,8 +81,10 @@ void check_options(const char* op, const at::Tensor& query, const GdpaOptions& o
   }
 }
 
-// The values of both offsets tensors, copied to the host in one go, for the paths that read them there
-// (without host_values, the GPU kernels: nothing is read; see check_values of attention.cpp).
+// The values of both offsets tensors, copied to the host in one go, for the path that reads them there (the
+// CPU's). Without host_values (a GPU, the kernels and the composite path) nothing is read: both clamp every
+// sample and validate_offsets records invalid values on the device, raised by a later call (gdpa_gpu.cpp);
+// layout.q_offsets / kv_offsets stay empty.
 void check_values(const char* op, const GdpaOptions& o, GdpaLayout& layout, bool host_values) {
   if (!host_values) return;
   const at::Tensor values =
@@ -140,52 +145,95 @@ at::Tensor activate_grad(const at::Tensor& x, GdpaActivation a) {
   TORCH_CHECK(false, "gdpa: unknown activation");
 }
 
-// [Hkv, n, D] -> [Hq, n, D]: query head h gets kv head h / group.
+// [C, Hkv, n, D] -> [C, Hq, n, D]: query head h gets kv head h / group.
 at::Tensor expand_heads(const at::Tensor& x, std::int64_t group) {
-  return x.unsqueeze(1).expand({x.size(0), group, x.size(1), x.size(2)}).reshape({-1, x.size(1), x.size(2)});
+  return x.unsqueeze(2)
+      .expand({x.size(0), x.size(1), group, x.size(2), x.size(3)})
+      .reshape({x.size(0), -1, x.size(2), x.size(3)});
 }
 
-// [Hq, n, D] -> [Hkv, n, D]: the sum over the query heads of each kv head.
+// [C, Hq, n, D] -> [C, Hkv, n, D]: the sum over the query heads of each kv head.
 at::Tensor sum_heads(const at::Tensor& x, std::int64_t group) {
-  return x.reshape({-1, group, x.size(1), x.size(2)}).sum(1);
+  return x.reshape({x.size(0), -1, group, x.size(2), x.size(3)}).sum(2);
 }
 
-// One sample's operands and scores in the compute type, heads first.
-struct Sample {
-  std::int64_t q0 = 0, nq = 0;  // query rows
-  std::int64_t k0 = 0, nk = 0;  // key rows
-  std::int64_t o0 = 0;          // first output row
-  at::Tensor q;                 // [Hq, nq, D]
-  at::Tensor k, v;              // [Hq, nk, D]: each query head's kv head
-  at::Tensor s;                 // [Hq, nq, nk]: q k^T, zero outside the window
-  at::Tensor outside;           // [nq, nk] bool, |i - j| > window_size; undefined without a window
+// ---- the composite implementation, in chunks of padded samples (composite.h) ----------------------------
+// Per-sample rows on the device, clamped as the kernels' sample_rows clamps them: with broadcast_q every
+// sample reads query rows [0, nq) and writes output rows b nq .. (b + 1) nq.
+struct Samples {
+  SampleRanges q, kv;
+  at::Tensor out_start;  // [B] long
 };
 
-Sample load_sample(const at::Tensor& qc, const at::Tensor& kc, const at::Tensor& vc, const GdpaOptions& o,
-                   const GdpaLayout& layout, std::int64_t b) {
-  Sample smp;
-  smp.q0 = layout.q_start(b);
-  smp.nq = layout.q_length(b);
-  smp.k0 = layout.kv_offsets[b];
-  smp.nk = layout.kv_offsets[b + 1] - smp.k0;
-  smp.o0 = layout.out_start(b);
-  const std::int64_t group = layout.heads / layout.kv_heads;
-  smp.q = qc.narrow(0, smp.q0, smp.nq).transpose(0, 1);
-  smp.k = expand_heads(kc.narrow(0, smp.k0, smp.nk).transpose(0, 1), group);
-  smp.v = expand_heads(vc.narrow(0, smp.k0, smp.nk).transpose(0, 1), group);
-  smp.s = at::matmul(smp.q, smp.k.transpose(1, 2));
-  if (o.window_size) {
-    const auto longs = at::TensorOptions().dtype(at::kLong).device(qc.device());
-    const at::Tensor i = at::arange(smp.nq, longs).view({smp.nq, 1});
-    const at::Tensor j = at::arange(smp.nk, longs).view({1, smp.nk});
-    smp.outside = (i - j).abs() > *o.window_size;
-    smp.s.masked_fill_(smp.outside, 0);
+Samples samples_of(const GdpaOptions& o, const GdpaLayout& layout) {
+  Samples s;
+  if (o.broadcast_q) {
+    const at::Tensor end = o.query_offset.narrow(0, 1, 1).to(at::kLong);
+    const at::Tensor nq = end.clamp(0, layout.q_tokens).clamp_max(o.max_seq_len_q);  // [1]
+    s.q.length = nq.expand({layout.batch});
+    s.q.start = at::zeros_like(s.q.length);
+    s.out_start = at::arange(layout.batch, nq.options()) * nq;
+  } else {
+    s.q = sample_ranges(o.query_offset, layout.batch, layout.q_tokens, o.max_seq_len_q);
+    s.out_start = s.q.start;
   }
-  return smp;
+  s.kv = sample_ranges(o.key_offset, layout.batch, layout.kv_tokens, o.max_seq_len_kv);
+  return s;
 }
 
-bool has_work(const GdpaLayout& layout, std::int64_t b) {
-  return layout.heads > 0 && layout.q_length(b) > 0 && layout.kv_offsets[b + 1] > layout.kv_offsets[b];
+// By lengths where the checks read the offsets on the host, else consecutive at the max lengths.
+std::vector<Chunk> chunks_of(const GdpaOptions& o, const GdpaLayout& layout, const at::Device& device) {
+  std::vector<std::int64_t> nq, nk;
+  for (std::size_t b = 0; b + 1 < layout.kv_offsets.size(); ++b) {
+    nq.push_back(layout.q_length(b));
+    nk.push_back(layout.kv_offsets[b + 1] - layout.kv_offsets[b]);
+  }
+  return plan_chunks(layout.batch, layout.heads, nq, nk, std::min(o.max_seq_len_q, layout.q_tokens),
+                     std::min(o.max_seq_len_kv, layout.kv_tokens), device);
+}
+
+// No output element has a key: the outputs and gradients are zeros (or empty).
+bool has_work(const GdpaLayout& layout) {
+  return layout.batch > 0 && layout.heads > 0 && layout.q_tokens > 0 && layout.kv_tokens > 0;
+}
+
+// One chunk's rows, operands and scores, in the compute type, heads second.
+struct ChunkRows {
+  PaddedRows q_rows;    // query rows (with broadcast_q the same for every sample)
+  PaddedRows out_rows;  // output (and grad_out) rows
+  PaddedRows kv_rows;   // key and value rows
+  at::Tensor q;         // [C, Hq, Pq, D]
+  at::Tensor k, v;      // [C, Hq, Pk, D]: each query head's kv head
+  at::Tensor s;         // [C, Hq, Pq, Pk]: q k^T, zero where invalid
+  at::Tensor invalid;   // [C, 1, Pq, Pk] bool: |i - j| > window_size, or a padded position
+};
+
+ChunkRows load_chunk(const at::Tensor& qc, const at::Tensor& kc, const at::Tensor& vc, const GdpaOptions& o,
+                     const GdpaLayout& layout, const Samples& all, const Chunk& chunk) {
+  ChunkRows c;
+  const at::Tensor& ids = chunk.samples;
+  const at::Tensor nq = all.q.length.index_select(0, ids);
+  c.q_rows = padded_rows(all.q.start.index_select(0, ids), nq, chunk.width_q, layout.q_tokens);
+  c.out_rows = o.broadcast_q ? padded_rows(all.out_start.index_select(0, ids), nq, chunk.width_q, layout.out_tokens)
+                             : c.q_rows;
+  c.kv_rows = padded_rows(all.kv.start.index_select(0, ids), all.kv.length.index_select(0, ids), chunk.width_kv,
+                          layout.kv_tokens);
+  const std::int64_t group = layout.heads / layout.kv_heads;
+  c.q = gather_rows(qc, c.q_rows);
+  c.k = expand_heads(gather_rows(kc, c.kv_rows), group);
+  c.v = expand_heads(gather_rows(vc, c.kv_rows), group);
+  const std::int64_t count = ids.size(0);
+  at::Tensor valid = c.q_rows.inside.view({count, chunk.width_q, 1}).logical_and(
+      c.kv_rows.inside.view({count, 1, chunk.width_kv}));
+  if (o.window_size) {
+    const auto longs = at::TensorOptions().dtype(at::kLong).device(qc.device());
+    const at::Tensor i = at::arange(chunk.width_q, longs).view({chunk.width_q, 1});
+    const at::Tensor j = at::arange(chunk.width_kv, longs).view({1, chunk.width_kv});
+    valid.logical_and_((i - j).abs() <= *o.window_size);
+  }
+  c.invalid = valid.logical_not_().view({count, 1, chunk.width_q, chunk.width_kv});
+  c.s = at::matmul(c.q, c.k.transpose(2, 3)).masked_fill_(c.invalid, 0);
+  return c;
 }
 
 at::Tensor forward_cpu(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -284,17 +332,20 @@ GdpaLayout check_gdpa_backward(const char* op, const at::Tensor& grad_out, const
 at::Tensor gdpa_forward_composite(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                   const GdpaOptions& o, const GdpaLayout& layout) {
   const at::ScalarType compute = compute_type(query.scalar_type());
-  const at::Tensor qc = query.to(compute);
-  const at::Tensor kc = key.to(compute);
-  const at::Tensor vc = value.to(compute);
-  at::Tensor out = at::zeros({layout.out_tokens, layout.heads, layout.dim}, qc.options());
-  for (std::int64_t b = 0; b < layout.batch; ++b) {
-    if (!has_work(layout, b)) continue;
-    const Sample smp = load_sample(qc, kc, vc, o, layout, b);
-    const at::Tensor p = activate(smp.s, o.activation).mul_(o.qk_scale);
-    out.narrow(0, smp.o0, smp.nq).copy_(at::matmul(p, smp.v).transpose(0, 1));
+  // Row out_tokens takes the padded positions.
+  at::Tensor out = at::zeros({layout.out_tokens + 1, layout.heads, layout.dim}, query.options().dtype(compute));
+  if (has_work(layout)) {
+    const at::Tensor qc = query.to(compute);
+    const at::Tensor kc = key.to(compute);
+    const at::Tensor vc = value.to(compute);
+    const Samples all = samples_of(o, layout);
+    for (const Chunk& chunk : chunks_of(o, layout, query.device())) {
+      const ChunkRows c = load_chunk(qc, kc, vc, o, layout, all, chunk);
+      const at::Tensor p = activate(c.s, o.activation).mul_(o.qk_scale);
+      scatter_rows(out, c.out_rows.dest, at::matmul(p, c.v));
+    }
   }
-  return out.to(query.scalar_type());
+  return out.narrow(0, 0, layout.out_tokens).to(query.scalar_type());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> gdpa_backward_composite(const at::Tensor& grad_out,
@@ -302,28 +353,38 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> gdpa_backward_composite(const at:
                                                                        const at::Tensor& value, const GdpaOptions& o,
                                                                        const GdpaLayout& layout) {
   const at::ScalarType compute = compute_type(query.scalar_type());
-  const at::Tensor qc = query.to(compute);
-  const at::Tensor kc = key.to(compute);
-  const at::Tensor vc = value.to(compute);
-  const at::Tensor gc = grad_out.to(compute);
-  at::Tensor grad_q = at::zeros({layout.q_tokens, layout.heads, layout.dim}, qc.options());
-  at::Tensor grad_k = at::zeros({layout.kv_tokens, layout.kv_heads, layout.dim}, qc.options());
-  at::Tensor grad_v = at::zeros({layout.kv_tokens, layout.kv_heads, layout.dim}, qc.options());
-  for (std::int64_t b = 0; b < layout.batch; ++b) {
-    if (!has_work(layout, b)) continue;
-    const Sample smp = load_sample(qc, kc, vc, o, layout, b);
+  const auto options = query.options().dtype(compute);
+  // Rows q_tokens and kv_tokens take the padded positions.
+  at::Tensor grad_q = at::zeros({layout.q_tokens + 1, layout.heads, layout.dim}, options);
+  at::Tensor grad_k = at::zeros({layout.kv_tokens + 1, layout.kv_heads, layout.dim}, options);
+  at::Tensor grad_v = at::zeros({layout.kv_tokens + 1, layout.kv_heads, layout.dim}, options);
+  if (has_work(layout)) {
+    const at::Tensor qc = query.to(compute);
+    const at::Tensor kc = key.to(compute);
+    const at::Tensor vc = value.to(compute);
+    const at::Tensor gc = grad_out.to(compute);
     const std::int64_t group = layout.heads / layout.kv_heads;
-    const at::Tensor go = gc.narrow(0, smp.o0, smp.nq).transpose(0, 1);  // [Hq, nq, D]
-    const at::Tensor p = activate(smp.s, o.activation).mul_(o.qk_scale);
-    at::Tensor ds = at::matmul(go, smp.v.transpose(1, 2)).mul_(o.qk_scale).mul_(activate_grad(smp.s, o.activation));
-    if (smp.outside.defined()) ds.masked_fill_(smp.outside, 0);
-    // With broadcast_q every sample adds into the same query rows.
-    grad_q.narrow(0, smp.q0, smp.nq).add_(at::matmul(ds, smp.k).transpose(0, 1));
-    grad_k.narrow(0, smp.k0, smp.nk).copy_(sum_heads(at::matmul(ds.transpose(1, 2), smp.q), group).transpose(0, 1));
-    grad_v.narrow(0, smp.k0, smp.nk).copy_(sum_heads(at::matmul(p.transpose(1, 2), go), group).transpose(0, 1));
+    const Samples all = samples_of(o, layout);
+    for (const Chunk& chunk : chunks_of(o, layout, query.device())) {
+      const ChunkRows c = load_chunk(qc, kc, vc, o, layout, all, chunk);
+      const at::Tensor go = gather_rows(gc, c.out_rows);  // [C, Hq, Pq, D]
+      const at::Tensor p = activate(c.s, o.activation).mul_(o.qk_scale);
+      at::Tensor ds = at::matmul(go, c.v.transpose(2, 3)).mul_(o.qk_scale).mul_(activate_grad(c.s, o.activation));
+      ds.masked_fill_(c.invalid, 0);
+      const at::Tensor dq = at::matmul(ds, c.k);  // [C, Hq, Pq, D]
+      if (o.broadcast_q) {
+        // Every sample reads the same query rows: their sum goes to them (the chunk's first sample's rows).
+        grad_q.index_add_(0, c.q_rows.dest.narrow(0, 0, chunk.width_q), dq.sum(0).transpose(0, 1));
+      } else {
+        scatter_rows(grad_q, c.q_rows.dest, dq);
+      }
+      scatter_rows(grad_k, c.kv_rows.dest, sum_heads(at::matmul(ds.transpose(2, 3), c.q), group));
+      scatter_rows(grad_v, c.kv_rows.dest, sum_heads(at::matmul(p.transpose(2, 3), go), group));
+    }
   }
   const at::ScalarType dtype = query.scalar_type();
-  return {grad_q.to(dtype), grad_k.to(dtype), grad_v.to(dtype)};
+  return {grad_q.narrow(0, 0, layout.q_tokens).to(dtype), grad_k.narrow(0, 0, layout.kv_tokens).to(dtype),
+          grad_v.narrow(0, 0, layout.kv_tokens).to(dtype)};
 }
 
 TORCH_LIBRARY_IMPL(hipdlrm, CPU, m) {

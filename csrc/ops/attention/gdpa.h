@@ -1,5 +1,6 @@
 // GDPA attention (gdpa_fwd / gdpa_bwd, Meta's generalized dot-product attention): schemas, argument checks,
-// and the composite implementation (ATen ops per sample) that serves the CPU and fp32/fp64 inputs on a GPU.
+// and the composite implementation (ATen ops over chunks of padded samples) that serves the CPU and, on a
+// GPU, fp32/fp64 inputs and head dims without a kernel.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -53,17 +54,15 @@ struct GdpaLayout {
   std::vector<std::int64_t> q_offsets;   // host copy of query_offset ([2] with broadcast_q, else [B + 1])
   std::vector<std::int64_t> kv_offsets;  // host copy of key_offset, [B + 1]
 
-  // Sample b's query rows are [q_start(b), q_start(b) + q_length(b)) of query (all of them with
-  // broadcast_q), and its output rows start at out_start(b).
-  std::int64_t q_start(std::int64_t b) const { return broadcast_q ? 0 : q_offsets[b]; }
+  // Sample b's number of query rows (all of query's with broadcast_q), from the host copies.
   std::int64_t q_length(std::int64_t b) const { return broadcast_q ? q_tokens : q_offsets[b + 1] - q_offsets[b]; }
-  std::int64_t out_start(std::int64_t b) const { return broadcast_q ? b * q_tokens : q_offsets[b]; }
 };
 
 // Validates query, key, value and every option (shapes, head counts, head dim, dtypes, devices, the values
-// of both offsets tensors) and throws a RuntimeError naming the argument otherwise. With host_values the offsets
-// come to the host in one small copy. host_values = false (the GPU kernels, which check them on the device):
-// nothing is read on the host and layout.q_offsets / kv_offsets stay empty.
+// of both offsets tensors) and throws a RuntimeError naming the argument otherwise. With host_values (the CPU)
+// the offsets come to the host in one small copy. host_values = false (a GPU, whose kernels and composite
+// path clamp every sample while validate_offsets checks the values on the device): nothing is read on the
+// host and layout.q_offsets / kv_offsets stay empty.
 GdpaLayout check_gdpa_forward(const char* op, const at::Tensor& query, const at::Tensor& key,
                               const at::Tensor& value, const GdpaOptions& o, bool host_values = true);
 
@@ -72,8 +71,10 @@ GdpaLayout check_gdpa_backward(const char* op, const at::Tensor& grad_out, const
                                const at::Tensor& key, const at::Tensor& value, const GdpaOptions& o,
                                bool host_values = true);
 
-// The composite implementation on query's device, arguments already checked: per sample, in fp32 (fp64
-// for fp64 inputs), results in the input dtype.
+// The composite implementation on query's device, arguments already checked: in chunks of padded samples,
+// in fp32 (fp64 for fp64 inputs), results in the input dtype. With layout.kv_offsets (the CPU) the chunks
+// are length-sorted and padded to their longest; without (a GPU) they are consecutive samples padded to
+// the max lengths, and invalid offsets are clamped as the kernels clamp them (memory-safe, wrong results).
 at::Tensor gdpa_forward_composite(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                                   const GdpaOptions& o, const GdpaLayout& layout);
 

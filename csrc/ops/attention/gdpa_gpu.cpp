@@ -3,9 +3,10 @@
 // fp16 and bf16 inputs at head dims 32, 64, 128 and 256 run on the matrix-core kernels
 // (kernels/attention/attention_api.h, gdpa_forward / gdpa_backward). fp32 and fp64 inputs, and other head
 // dims, take the composite path of gdpa.cpp on the device: the kernels have no fp32 instantiation nor
-// other head dims, and the composite path is the reference the kernels are tested against. The
-// checks read query_offset and key_offset on the host (one small device-to-host copy per call) so that a
-// bad batch raises a RuntimeError instead of reaching a kernel.
+// other head dims, and the composite path is the reference the kernels are tested against. Neither path
+// reads a value on the host: each call enqueues validate_offsets, which records the first invalid
+// query_offset or key_offset value in the device error record (raised as a RuntimeError by a later hipdlrm
+// call or hipdlrm.synchronize()), and the kernels and the composite path clamp every sample into bounds.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -111,7 +112,7 @@ void validate_values(const GdpaOptions& o, const GdpaLayout& layout, const at::T
   check_status(ka::validate_offsets(v, sink, stream), op, "offsets check launch");
 }
 
-// No output element has a valid key: no launch, zeros (or empty tensors).
+// No output element has a valid key: no kernel launch (the composite path allocates the zeros).
 bool nothing_to_compute(const GdpaLayout& layout) {
   return layout.q_tokens == 0 || layout.kv_tokens == 0 || layout.batch == 0 || layout.heads == 0;
 }
@@ -124,17 +125,16 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
   const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
                                           qk_scale, window_size, broadcast_q);
   const bool on_kernels = runs_on_kernels(query.scalar_type(), query.size(2), value.size(2));
-  const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o, !on_kernels);
+  const GdpaLayout layout = check_gdpa_forward(op, query, key, value, o, false);  // values: checked on the device
   const c10::cuda::CUDAGuard guard(query.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const common::DeviceErrorSink sink = common::begin_gpu_call(query.device(), stream, op);
-  if (!on_kernels) return gdpa_forward_composite(query, key, value, o, layout);
-
-  if (nothing_to_compute(layout)) {
+  if (!on_kernels || nothing_to_compute(layout)) {  // the composite path (zeros when there is nothing to compute)
     validate_values(o, layout, o.query_offset.to(at::kLong).contiguous(), o.key_offset.to(at::kLong).contiguous(),
                     sink, stream, op);
+    at::Tensor out = gdpa_forward_composite(query, key, value, o, layout);
     common::end_gpu_call(query.device(), stream, op);
-    return at::zeros({layout.out_tokens, layout.heads, layout.dim}, query.options());
+    return out;
   }
   at::Tensor out = at::empty({layout.out_tokens, layout.heads, layout.dim}, query.options());
   ProblemStorage storage;
@@ -157,21 +157,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   const GdpaOptions o = make_gdpa_options(op, query_offset, key_offset, max_seq_len_q, max_seq_len_kv, activation,
                                           qk_scale, window_size, broadcast_q);
   const bool on_kernels = runs_on_kernels(query.scalar_type(), query.size(2), value.size(2));
-  const GdpaLayout layout = check_gdpa_backward(op, grad_out, query, key, value, o, !on_kernels);
+  const GdpaLayout layout = check_gdpa_backward(op, grad_out, query, key, value, o, false);
   const c10::cuda::CUDAGuard guard(query.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const common::DeviceErrorSink sink = common::begin_gpu_call(query.device(), stream, op);
-  if (!on_kernels) return gdpa_backward_composite(grad_out, query, key, value, o, layout);
+  if (!on_kernels || nothing_to_compute(layout)) {  // the composite path (zeros when there is nothing to compute)
+    validate_values(o, layout, o.query_offset.to(at::kLong).contiguous(), o.key_offset.to(at::kLong).contiguous(),
+                    sink, stream, op);
+    auto grads = gdpa_backward_composite(grad_out, query, key, value, o, layout);
+    common::end_gpu_call(query.device(), stream, op);
+    return grads;
+  }
 
   const std::vector<std::int64_t> q_shape{layout.q_tokens, layout.heads, layout.dim};
   const std::vector<std::int64_t> kv_shape{layout.kv_tokens, layout.kv_heads, layout.dim};
-  if (nothing_to_compute(layout)) {
-    validate_values(o, layout, o.query_offset.to(at::kLong).contiguous(), o.key_offset.to(at::kLong).contiguous(),
-                    sink, stream, op);
-    common::end_gpu_call(query.device(), stream, op);
-    return {at::zeros(q_shape, query.options()), at::zeros(kv_shape, query.options()),
-            at::zeros(kv_shape, query.options())};
-  }
   at::Tensor grad_q = at::empty(q_shape, query.options());
   at::Tensor grad_k = at::empty(kv_shape, query.options());
   at::Tensor grad_v = at::empty(kv_shape, query.options());
