@@ -1,6 +1,5 @@
-"""Helpers shared by the attention tests (test_attention.py for HSTU, test_gdpa.py for GDPA): jagged
-padding for the plain-PyTorch oracles, the FlashAttention-style tolerance, seeded generators, and the
-fixture that keeps the tiny CPU cases on one thread.
+"""Helpers shared by the attention tests (test_attention.py for HSTU, test_gdpa.py for GDPA): the
+FlashAttention-style tolerance, seeded generators, the wgmma-disabled re-run, and the fixture that keeps the tiny CPU cases on one thread.
 """
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ from typing import Optional, Sequence
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 
@@ -33,20 +31,6 @@ def _one_cpu_thread(request):
 def seeded(*parts) -> torch.Generator:
     """A CPU generator seeded from the repr of `parts` (e.g. a test case), stable across runs."""
     return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
-
-
-def pad_jagged(x: torch.Tensor, offsets: Sequence[int], n_max: int) -> torch.Tensor:
-    """[L, ...] -> [B, N, ...], zero-padded (differentiable)."""
-    pads = []
-    for b in range(len(offsets) - 1):
-        piece = x[offsets[b]:offsets[b + 1]]
-        pads.append(F.pad(piece, (0, 0) * (x.dim() - 1) + (0, n_max - piece.shape[0])))
-    return torch.stack(pads)
-
-
-def unpad(y: torch.Tensor, offsets: Sequence[int]) -> torch.Tensor:
-    """[B, N, ...] -> [L, ...]."""
-    return torch.cat([y[b, :offsets[b + 1] - offsets[b]] for b in range(len(offsets) - 1)])
 
 
 def assert_fa_close(got: torch.Tensor, exact: torch.Tensor, low: Optional[torch.Tensor], what: str) -> None:

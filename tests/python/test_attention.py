@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import hipdlrm
 from attention_testing import _one_cpu_thread  # noqa: F401  (autouse fixture)
-from attention_testing import LOW_DTYPES, check_results, pad_jagged, run_with_wgmma_disabled, seeded, unpad
+from attention_testing import LOW_DTYPES, check_results, run_with_wgmma_disabled, seeded
 from conftest import requires_gpu
 
 
@@ -208,26 +208,32 @@ def make_inputs(case: Case, device="cpu", seed: int = 0) -> Inputs:
 
 
 def reference_mha(case: Case, inp: Inputs, q, k, v, rab, dtype: torch.dtype, mask: torch.Tensor) -> torch.Tensor:
-    """Padded HSTU in `dtype`: O = (SiLU(alpha q k^T + rab) * scale (.) valid) v, returned jagged."""
+    """HSTU in `dtype`, one sequence at a time (memory grows with the longest sequence, not batch x
+    n_max^2): O = (SiLU(alpha q k^T + rab) * scale (.) valid) v, returned jagged. `mask` is [B, N, N]."""
     offsets = inp.seq_offsets.tolist()
-    n_max = case.n_max
-    qp = pad_jagged(q, offsets, n_max).transpose(1, 2)  # [B, H, N, D]
-    kp = pad_jagged(k, offsets, n_max).transpose(1, 2)
-    vp = pad_jagged(v, offsets, n_max).transpose(1, 2)
-    s = torch.einsum("bhid,bhjd->bhij", qp, kp) * case.alpha
-    if rab is not None:
-        s = s + rab
-    p = F.silu(s)
+    zero = torch.zeros((), dtype=dtype, device=q.device)
+    per_token = None
     if isinstance(inp.attn_scale, torch.Tensor):
         per_token = inp.attn_scale.to(dtype).expand(q.shape[0])
-        p = p * pad_jagged(per_token, offsets, n_max).view(len(offsets) - 1, 1, n_max, 1)
-    elif inp.attn_scale is not None:
-        p = p * inp.attn_scale
-    else:
-        p = p / n_max
-    p = torch.where(mask.unsqueeze(1), p, torch.zeros((), dtype=dtype, device=p.device))
-    out = torch.einsum("bhij,bhjd->bhid", p, vp)
-    return unpad(out.transpose(1, 2), offsets)
+    outs = []
+    for b in range(len(offsets) - 1):
+        lo, hi = offsets[b], offsets[b + 1]
+        n = hi - lo
+        s = torch.einsum("ihd,jhd->hij", q[lo:hi], k[lo:hi]) * case.alpha     # [H, L, L]
+        if rab is not None:
+            s = s + rab[b if rab.shape[0] > 1 else 0, :, :n, :n]
+        p = F.silu(s)
+        if per_token is not None:
+            p = p * per_token[lo:hi].view(1, n, 1)
+        elif inp.attn_scale is not None:
+            p = p * inp.attn_scale
+        else:
+            p = p / case.n_max
+        p = torch.where(mask[b, :n, :n].unsqueeze(0), p, zero)
+        outs.append(torch.einsum("hij,jhd->ihd", p, v[lo:hi]))
+    if not outs:
+        return q.new_zeros(0, q.shape[1], v.shape[2])
+    return torch.cat(outs)
 
 
 def case_mask(case: Case, inp: Inputs, broadcast: bool = False) -> torch.Tensor:

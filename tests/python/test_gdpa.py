@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 import hipdlrm
 from attention_testing import _one_cpu_thread  # noqa: F401  (autouse fixture)
-from attention_testing import LOW_DTYPES, check_results, pad_jagged, run_with_wgmma_disabled, seeded, unpad
+from attention_testing import LOW_DTYPES, check_results, run_with_wgmma_disabled, seeded
 from conftest import requires_gpu
 
 
@@ -145,32 +145,26 @@ def act_reference(x: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def reference_gdpa(case: Case, inp: Inputs, q, k, v, dtype: torch.dtype) -> torch.Tensor:
-    """Padded GDPA in `dtype`, returned jagged ([out_rows, Hq, D])."""
+    """GDPA in `dtype`, one sample at a time (memory grows with the longest sample, not batch x max
+    lengths), returned jagged ([out_rows, Hq, D])."""
     q_off, kv_off = inp.query_offset.tolist(), inp.key_offset.tolist()
-    batch, device = case.batch, q.device
-    if case.broadcast_q:
-        qp = pad_jagged(q, q_off, case.n_q).expand(batch, -1, -1, -1)
-    else:
-        qp = pad_jagged(q, q_off, case.n_q)
     group = case.heads // case.kv_heads
-    qp = qp.transpose(1, 2)                                                   # [B, Hq, Nq, D]
-    kp = pad_jagged(k, kv_off, case.n_kv).transpose(1, 2).repeat_interleave(group, dim=1)  # [B, Hq, Nkv, D]
-    vp = pad_jagged(v, kv_off, case.n_kv).transpose(1, 2).repeat_interleave(group, dim=1)
-    s = torch.einsum("bhid,bhjd->bhij", qp, kp)
-    i = torch.arange(case.n_q, device=device).view(-1, 1)
-    j = torch.arange(case.n_kv, device=device).view(1, -1)
-    zero = torch.zeros((), dtype=dtype, device=device)
-    if case.window is not None:
-        s = torch.where((i - j).abs() <= case.window, s, zero)
-    p = act_reference(s, case.activation) * case.qk_scale
-    q_len = torch.tensor(case.q_lengths * batch if case.broadcast_q else case.q_lengths, device=device)
-    kv_len = torch.tensor(case.kv_lengths, device=device)
-    inside = (i.view(1, -1, 1) < q_len.view(-1, 1, 1)) & (j.view(1, 1, -1) < kv_len.view(-1, 1, 1))
-    p = torch.where(inside.unsqueeze(1), p, zero)
-    out = torch.einsum("bhij,bhjd->bhid", p, vp).transpose(1, 2)             # [B, Nq, Hq, D]
-    if case.broadcast_q:
-        return out[:, :case.q_lengths[0]].reshape(case.out_rows, case.heads, case.dim)
-    return unpad(out, q_off)
+    zero = torch.zeros((), dtype=dtype, device=q.device)
+    outs = []
+    for b in range(case.batch):
+        qb = q[q_off[0]:q_off[1]] if case.broadcast_q else q[q_off[b]:q_off[b + 1]]   # [Lq, Hq, D]
+        kb = k[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)              # [Lkv, Hq, D]
+        vb = v[kv_off[b]:kv_off[b + 1]].repeat_interleave(group, dim=1)
+        s = torch.einsum("ihd,jhd->hij", qb, kb)
+        if case.window is not None:
+            i = torch.arange(qb.shape[0], device=q.device).view(-1, 1)
+            j = torch.arange(kb.shape[0], device=q.device).view(1, -1)
+            s = torch.where((i - j).abs() <= case.window, s, zero)
+        p = act_reference(s, case.activation) * case.qk_scale
+        outs.append(torch.einsum("hij,jhd->ihd", p, vb))
+    if not outs:
+        return q.new_zeros(0, case.heads, case.dim)
+    return torch.cat(outs)
 
 
 Result = Dict[str, torch.Tensor]
