@@ -2,10 +2,11 @@
 
     torch.ops.hipdlrm.hstu_mha_fwd(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets,
                                    attn_scale, attn_scale_per_token, max_attn_len, contextual_seq_len,
-                                   rab) -> Tensor
+                                   rab, min_full_attn_seq_len=0, dropout_pr=0.0, dropout_seed=None) -> Tensor
     torch.ops.hipdlrm.hstu_mha_bwd(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal,
                                    num_targets, attn_scale, attn_scale_per_token, max_attn_len,
-                                   contextual_seq_len, rab, rab_requires_grad)
+                                   contextual_seq_len, rab, rab_requires_grad, min_full_attn_seq_len=0,
+                                   dropout_pr=0.0, dropout_seed=None)
         -> (grad_q, grad_k, grad_v, grad_rab or None)
 
 Registered here: the fake (meta) kernels used by torch.compile; the autograd formula of the forward op,
@@ -83,7 +84,8 @@ def _bool_arg(fn: str, name: str, value: Any) -> bool:
 
 @torch.library.register_fake(_FORWARD)
 def _forward_fake(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                  attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len=0):
+                  attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len=0,
+                  dropout_pr=0.0, dropout_seed=None):
     torch._check(q.dim() == 3 and k.dim() == 3 and v.dim() == 3, lambda: "q, k and v must be 3-D")
     return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
 
@@ -91,7 +93,7 @@ def _forward_fake(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets,
 @torch.library.register_fake(_BACKWARD)
 def _backward_fake(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale,
                    attn_scale_per_token, max_attn_len, contextual_seq_len, rab, rab_requires_grad,
-                   min_full_attn_seq_len=0):
+                   min_full_attn_seq_len=0, dropout_pr=0.0, dropout_seed=None):
     torch._check(not rab_requires_grad or rab is not None, lambda: "rab_requires_grad is true but rab is None")
     grad_rab = rab.new_empty(rab.shape) if rab_requires_grad else None
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), grad_rab
@@ -141,8 +143,13 @@ def hstu_mha(
     generative-recommenders' keywords (so that its model code runs on hipdlrm by import):
         min_full_attn_seq_len: with ``max_attn_len > 0``, the last ``min_full_attn_seq_len`` positions before
             the targets (and the targets) attend without the distance limit, as GR's mask defines it.
-        dropout_pr, training: attention dropout; only ``dropout_pr == 0`` or ``training=False`` (no dropout)
-            is supported: dropout raises NotImplementedError.
+        dropout_pr, training: attention dropout, GR's ``F.dropout(p=dropout_pr, training=training)`` on the
+            masked attention weights (each weight zeroed with probability dropout_pr, the kept ones scaled by
+            ``1 / (1 - dropout_pr)``). The mask comes from a seed drawn from torch's generator of q's device
+            (``torch.manual_seed`` makes a run reproducible; nothing is read on the host, so the call stays
+            graph-capturable) through a counter-based hash of (seed, sequence, head, position, position), so
+            the backward recomputes it instead of storing it (docs/attention.md, "Dropout"). It runs the
+            composite path on every device (no fused kernel yet): correct, not fast.
         sort_by_length: GR's kernels schedule the sequences longest first with it; hipdlrm's GPU kernels
             always do (their tile schedule), and the result is the same either way: it changes nothing here.
         kernel: GR's backend choice (its Kernel enum); ignored: hipdlrm runs its own kernels.
@@ -163,9 +170,11 @@ def hstu_mha(
     _bool_arg(fn, "sort_by_length", sort_by_length)
     if not 0.0 <= dropout_pr < 1.0:
         raise ValueError(f"{fn}: dropout_pr must be in [0, 1), got {dropout_pr}")
-    if dropout_pr > 0.0 and training:
-        raise NotImplementedError(f"{fn}: attention dropout (dropout_pr={dropout_pr} with training=True) is not "
-                                  "implemented; pass dropout_pr=0.0 (or training=False, which disables it)")
+    dropout_seed: Optional[torch.Tensor] = None
+    if not training:
+        dropout_pr = 0.0
+    elif dropout_pr > 0.0:
+        dropout_seed = torch.randint(-2**63, 2**63 - 1, (1,), dtype=torch.int64, device=q.device)
     scale_value: Optional[float] = None
     scale_per_token: Optional[torch.Tensor] = None
     if isinstance(attn_scale, torch.Tensor):
@@ -174,4 +183,4 @@ def hstu_mha(
         scale_value = _float_arg(fn, "attn_scale", attn_scale)
     return torch.ops.hipdlrm.hstu_mha_fwd(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, scale_value,
                                           scale_per_token, max_attn_len, contextual_seq_len, rab,
-                                          min_full_attn_seq_len)
+                                          min_full_attn_seq_len, dropout_pr, dropout_seed)

@@ -29,9 +29,10 @@ at::Tensor hstu_fwd(int64_t max_seq_len, double alpha, const at::Tensor& q, cons
                        .findSchemaOrThrow("hipdlrm::hstu_mha_fwd", "")
                        .typed<at::Tensor(int64_t, double, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&, bool, const OptTensor&, std::optional<double>,
-                                         const OptTensor&, int64_t, int64_t, const OptTensor&, int64_t)>();
+                                         const OptTensor&, int64_t, int64_t, const OptTensor&, int64_t, double,
+                                         const OptTensor&)>();
   return op.call(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale, std::nullopt,
-                 max_attn_len, contextual_seq_len, rab, int64_t{0});
+                 max_attn_len, contextual_seq_len, rab, int64_t{0}, 0.0, std::nullopt);
 }
 
 using HstuGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, OptTensor>;
@@ -45,9 +46,9 @@ HstuGrads hstu_bwd(int64_t max_seq_len, double alpha, const at::Tensor& grad_out
                        .typed<HstuGrads(int64_t, double, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                         const at::Tensor&, const at::Tensor&, bool, const OptTensor&,
                                         std::optional<double>, const OptTensor&, int64_t, int64_t, const OptTensor&,
-                                        bool, int64_t)>();
+                                        bool, int64_t, double, const OptTensor&)>();
   return op.call(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale, std::nullopt,
-                 max_attn_len, contextual_seq_len, rab, rab_requires_grad, int64_t{0});
+                 max_attn_len, contextual_seq_len, rab, rab_requires_grad, int64_t{0}, 0.0, std::nullopt);
 }
 
 at::Tensor gdpa_fwd(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+import math
 from typing import Dict, Optional, Tuple, Union
 
 import pytest
@@ -964,7 +966,7 @@ def test_gradcheck_min_full_attn_seq_len():
 
 def test_generative_recommenders_keywords():
     """GR's hstu_mha keywords: sort_by_length and kernel change nothing; dropout without training, or with
-    dropout_pr 0, is no dropout; dropout while training is refused; the values are checked."""
+    dropout_pr 0, is no dropout (dropout while training: the dropout tests below); the values are checked."""
     case = Case(lengths=(4, 7), max_attn_len=2, min_full_attn_seq_len=2)
     inp = make_inputs(case)
     base = hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, max_attn_len=2,
@@ -973,11 +975,154 @@ def test_generative_recommenders_keywords():
                             min_full_attn_seq_len=2, sort_by_length=True, dropout_pr=0.3, training=False,
                             kernel="TRITON")
     assert torch.equal(base, same)
-    with pytest.raises(NotImplementedError, match="attention dropout"):
-        hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, dropout_pr=0.1)
     with pytest.raises(ValueError, match=r"dropout_pr must be in \[0, 1\)"):
         hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, dropout_pr=1.0)
     with pytest.raises(RuntimeError, match="min_full_attn_seq_len must be in"):
         hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, min_full_attn_seq_len=-1)
     with pytest.raises(TypeError, match="sort_by_length must be a bool"):
         hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, sort_by_length="yes")
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention dropout (GR's F.dropout on the masked attention weights; the mask from a counter-based hash)
+# ----------------------------------------------------------------------------------------------
+
+_M64 = 2 ** 64
+
+
+def _kept_by_formula(seed: int, b: int, h: int, i: int, j: int, heads: int, n: int, p: float) -> bool:
+    """docs/attention.md's dropout hash, in Python integers (an implementation independent of the op's tensor
+    arithmetic): weight (b, h, i, j) is kept when the top 53 bits of splitmix64's finalizer of
+    counter + seed * 0x9E3779B97F4A7C15 are at least p * 2^53."""
+    x = ((((b * heads + h) * n + i) * n + j) + (seed % _M64) * 0x9E3779B97F4A7C15) % _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % _M64
+    x ^= x >> 31
+    return (x >> 11) >= int(math.ldexp(p, 53))
+
+
+def _dropout_reference(q, k, v, lengths, n_max, alpha, p, seed):
+    """Causal HSTU with dropout, one sequence at a time, the keep mask from _kept_by_formula."""
+    heads = q.shape[1]
+    outs, start = [], 0
+    for b, n in enumerate(lengths):
+        qb, kb, vb = q[start:start + n], k[start:start + n], v[start:start + n]
+        start += n
+        s = torch.einsum("ihd,jhd->hij", qb, kb) * alpha
+        w = F.silu(s) / n_max * torch.ones(n, n, dtype=torch.bool).tril()
+        keep = torch.tensor([[[_kept_by_formula(seed, b, h, i, j, heads, n_max, p) for j in range(n)]
+                              for i in range(n)] for h in range(heads)], dtype=q.dtype).reshape(heads, n, n)
+        outs.append(torch.einsum("hij,jhd->ihd", w * keep / (1 - p), vb))
+    return torch.cat(outs)
+
+
+def _dropout_op(q, k, v, offsets, n_max, alpha, p, seed, **kw):
+    return torch.ops.hipdlrm.hstu_mha_fwd(n_max, alpha, q, k, v, offsets, True, None, None, None, 0, 0, None, 0, p,
+                                          seed, **kw)
+
+
+@pytest.mark.parametrize("seed", [12345, -7, 2 ** 62 + 3])
+@pytest.mark.parametrize("p", [0.1, 0.5])
+def test_cpu_dropout_matches_the_formula(p, seed):
+    """Output and gradients against the formula's mask: the backward applies the forward's mask, for
+    sequences of several lengths (the CPU path sorts them into chunks by length: the mask does not move)."""
+    lengths, n_max, alpha = (5, 0, 7, 1, 3), 8, 0.7
+    g = torch.Generator().manual_seed(seed % 1000)
+    q, k, v = (torch.randn(sum(lengths), 2, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    offsets = torch.tensor([0] + list(itertools.accumulate(lengths)))
+    seed_t = torch.tensor([seed], dtype=torch.int64)
+    ours = [x.clone().requires_grad_() for x in (q, k, v)]
+    theirs = [x.clone().requires_grad_() for x in (q, k, v)]
+    got = _dropout_op(*ours, offsets, n_max, alpha, p, seed_t)
+    want = _dropout_reference(*theirs, lengths, n_max, alpha, p, seed)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grad = torch.randn(got.shape, generator=g, dtype=torch.float64)
+    for a, b in zip(torch.autograd.grad(got, ours, grad), torch.autograd.grad(want, theirs, grad)):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_cpu_dropout_gradcheck():
+    lengths, n_max = (6, 3), 6
+    g = torch.Generator().manual_seed(3)
+    args = [torch.randn(sum(lengths), 2, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    offsets = torch.tensor([0, 6, 9])
+    seed = torch.tensor([99], dtype=torch.int64)
+    assert torch.autograd.gradcheck(lambda q, k, v: _dropout_op(q, k, v, offsets, n_max, 1.0, 0.3, seed), args,
+                                    eps=1e-6, atol=1e-7, rtol=1e-5)
+
+
+def test_cpu_dropout_keeps_one_minus_p_and_scales():
+    """With every score equal (rab constant, q = k = 0) and v = 1, each output is silu(c) / N / (1 - p) times
+    the number of kept weights of its row: over ~100k weights the kept fraction is 1 - p within 4 sigma."""
+    lengths, n_max, heads, p, c = (128, 200, 256), 256, 4, 0.3, 1.5
+    tokens = sum(lengths)
+    q = torch.zeros(tokens, heads, 8, dtype=torch.float64)
+    v = torch.ones(tokens, heads, 1, dtype=torch.float64)
+    rab = torch.full((1, 1, n_max, n_max), c, dtype=torch.float64)
+    offsets = torch.tensor([0] + list(itertools.accumulate(lengths)))
+    out = torch.ops.hipdlrm.hstu_mha_fwd(n_max, 1.0, q, q, v, offsets, True, None, None, None, 0, 0, rab, 0, p,
+                                         torch.tensor([5], dtype=torch.int64))
+    kept = out[:, :, 0] / (F.silu(torch.tensor(c, dtype=torch.float64)) / n_max / (1 - p))
+    assert torch.allclose(kept, kept.round(), atol=1e-9)  # whole numbers of kept weights
+    weights = heads * sum(n * (n + 1) // 2 for n in lengths)
+    frac = kept.sum().item() / weights
+    assert abs(frac - (1 - p)) < 4 * math.sqrt(p * (1 - p) / weights), frac
+
+
+def test_dropout_through_hstu_mha():
+    """hipdlrm.hstu_mha draws the seed from torch's generator: torch.manual_seed makes it reproducible, another
+    seed gives another mask, training=False (or dropout_pr=0) is no dropout; the op's own checks."""
+    case = Case(lengths=(9, 4, 12))
+    inp = make_inputs(case)
+
+    def run(**kw):
+        return hipdlrm.hstu_mha(case.n_max, case.alpha, inp.q, inp.k, inp.v, inp.seq_offsets, **kw)
+
+    base = run()
+    torch.manual_seed(1)
+    a = run(dropout_pr=0.4)
+    torch.manual_seed(1)
+    seed = torch.randint(-2 ** 63, 2 ** 63 - 1, (1,), dtype=torch.int64)
+    direct = _dropout_op(inp.q, inp.k, inp.v, inp.seq_offsets, case.n_max, case.alpha, 0.4, seed)
+    torch.manual_seed(1)
+    assert torch.equal(a, run(dropout_pr=0.4)) and torch.equal(a, direct)
+    torch.manual_seed(2)
+    assert not torch.equal(a, run(dropout_pr=0.4))
+    assert not torch.equal(a, base)
+    assert torch.equal(base, run(dropout_pr=0.4, training=False)) and torch.equal(base, run(dropout_pr=0.0))
+    args = (inp.q, inp.k, inp.v, inp.seq_offsets, case.n_max, case.alpha)
+    with pytest.raises(RuntimeError, match=r"dropout_pr > 0 needs dropout_seed"):
+        _dropout_op(*args, 0.2, None)
+    with pytest.raises(RuntimeError, match=r"dropout_seed must be a one-element int64 tensor"):
+        _dropout_op(*args, 0.2, torch.tensor([1, 2]))
+    with pytest.raises(RuntimeError, match=r"dropout_pr must be in \[0, 1\)"):
+        _dropout_op(*args, 1.5, seed)
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gpu_dropout_matches_cpu_without_host_sync(dtype):
+    """The same seed gives the same mask on the GPU (the composite path) as on the CPU, forward and backward,
+    and the GPU call reads nothing on the host."""
+    lengths, n_max = (40, 3, 0, 77), 80
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), 2, 32, generator=g).to(dtype) for _ in range(3))
+    grad = torch.randn(sum(lengths), 2, 32, generator=g).to(dtype)
+    offsets = torch.tensor([0] + list(itertools.accumulate(lengths)))
+    seed = torch.tensor([42], dtype=torch.int64)
+    results = []
+    for device in ("cpu", "cuda"):
+        x = [t.to(device).requires_grad_() for t in (q, k, v)]
+        args = (offsets.to(device), n_max, 0.5, 0.25, seed.to(device))
+        grad_d = grad.to(device)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if device == "cuda" else 0)
+        try:
+            out = _dropout_op(*x, *args)
+            grads = torch.autograd.grad(out, x, grad_d)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        results.append([t.detach().double().cpu() for t in (out, *grads)])
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, **tol)

@@ -61,6 +61,16 @@ void check_options(const char* op, const at::Tensor& q, const HstuOptions& o, st
   TORCH_CHECK(!o.attn_scale || std::isfinite(*o.attn_scale), op, ": attn_scale must be a finite float, got ",
               o.attn_scale.value_or(0.0));
   TORCH_CHECK(q.size(1) <= kIntMax, op, ": q has ", q.size(1), " heads; at most ", kIntMax, " are supported");
+  TORCH_CHECK(o.dropout_pr >= 0.0 && o.dropout_pr < 1.0, op, ": dropout_pr must be in [0, 1), got ", o.dropout_pr);
+  if (o.dropout_pr > 0.0) {
+    TORCH_CHECK(o.dropout_seed && o.dropout_seed->defined(), op,
+                ": dropout_pr > 0 needs dropout_seed (a [1] int64 tensor on q's device)");
+    const at::Tensor& s = *o.dropout_seed;
+    TORCH_CHECK(s.scalar_type() == at::kLong && s.numel() == 1, op,
+                ": dropout_seed must be a one-element int64 tensor, got dtype ", s.scalar_type(), " and shape ",
+                s.sizes());
+    check_same_device(op, "dropout_seed", s, "q", q);
+  }
   if (o.num_targets) {
     check_index_tensor(op, "num_targets", "[B]", *o.num_targets, "q", q);
     TORCH_CHECK(o.num_targets->numel() == batch, op, ": num_targets must have B = ", batch,
@@ -168,6 +178,33 @@ at::Tensor valid_mask(const at::Tensor& n, const at::Tensor& targets, const Hstu
 }
 
 // One chunk's rows, operands and pre-activation scores, in the compute type, heads second.
+// Attention dropout, generative-recommenders' F.dropout(p) on the masked attention weights (inverted: kept
+// weights scaled by 1 / (1 - p)): [C, H, P, P] of 0 or 1 / (1 - p) in `compute`, undefined without dropout.
+// Whether weight (b, h, i, j) is kept depends on the seed and on (sample b, head h, query position i, key
+// position j) alone, through the counter-based hash of docs/attention.md ("Dropout"): the forward and the
+// backward, any chunking and any device draw the same mask, and nothing is stored between them.
+at::Tensor dropout_keep(const HstuOptions& o, const Chunk& chunk, std::int64_t heads, at::ScalarType compute) {
+  if (o.dropout_pr <= 0.0) return at::Tensor();
+  const std::int64_t p = chunk.width_q;
+  const std::int64_t n = std::max<std::int64_t>(o.max_seq_len, 1);
+  const at::TensorOptions opts = chunk.samples.options();
+  const at::Tensor b = chunk.samples.view({-1, 1, 1, 1});
+  const at::Tensor h = at::arange(heads, opts).view({1, -1, 1, 1});
+  const at::Tensor i = at::arange(p, opts).view({1, 1, -1, 1});
+  const at::Tensor j = at::arange(p, opts).view({1, 1, 1, -1});
+  // 64-bit arithmetic wraps (two's complement); a logical right shift is an arithmetic one masked.
+  const auto lsr = [](const at::Tensor& x, int s) {
+    return x.bitwise_right_shift(s).bitwise_and_((std::int64_t{1} << (64 - s)) - 1);
+  };
+  at::Tensor x = ((b * heads + h) * n + i) * n + j;  // the counter
+  x = x + o.dropout_seed->to(at::kLong).view({1}) * static_cast<std::int64_t>(0x9E3779B97F4A7C15ULL);
+  x = x.bitwise_xor(lsr(x, 30)).mul_(static_cast<std::int64_t>(0xBF58476D1CE4E5B9ULL));
+  x = x.bitwise_xor(lsr(x, 27)).mul_(static_cast<std::int64_t>(0x94D049BB133111EBULL));
+  x = x.bitwise_xor(lsr(x, 31));
+  const auto threshold = static_cast<std::int64_t>(std::ldexp(o.dropout_pr, 53));  // keep where u >= p 2^53
+  return lsr(x, 11).ge(threshold).to(compute).mul_(1.0 / (1.0 - o.dropout_pr));
+}
+
 struct ChunkRows {
   PaddedRows tokens;   // q's, k's and v's rows, and the output's
   at::Tensor q, k, v;  // [C, H, P, D]
@@ -221,10 +258,11 @@ at::Tensor forward_cpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
                        const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                        const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
                        std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-                       std::int64_t min_full_attn_seq_len) {
+                       std::int64_t min_full_attn_seq_len, double dropout_pr,
+                       const std::optional<at::Tensor>& dropout_seed) {
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
-                                     min_full_attn_seq_len);
+                                     min_full_attn_seq_len, dropout_pr, dropout_seed);
   const HstuLayout layout = check_forward("hstu_mha_fwd", q, k, v, o);
   return forward_composite(q, k, v, o, layout);
 }
@@ -234,10 +272,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const std::optional<at::Tensor>& num_targets,
     std::optional<double> attn_scale, const std::optional<at::Tensor>& attn_scale_per_token,
     std::int64_t max_attn_len, std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-    bool rab_requires_grad, std::int64_t min_full_attn_seq_len) {
+    bool rab_requires_grad, std::int64_t min_full_attn_seq_len, double dropout_pr,
+    const std::optional<at::Tensor>& dropout_seed) {
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
-                                     min_full_attn_seq_len);
+                                     min_full_attn_seq_len, dropout_pr, dropout_seed);
   const HstuLayout layout = check_backward("hstu_mha_bwd", grad_out, q, k, v, o, rab_requires_grad);
   return backward_composite(grad_out, q, k, v, o, layout, rab_requires_grad);
 }
@@ -245,17 +284,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
 }  // namespace
 
 void define(torch::Library& m) {
-  // generative-recommenders' hstu_mha arguments (without dropout), plus the relative attention bias;
-  // min_full_attn_seq_len last, with a default, so that calls written before it keep their positions.
+  // generative-recommenders' hstu_mha arguments, plus the relative attention bias; min_full_attn_seq_len
+  // and the dropout arguments last, with defaults, so that calls written before them keep their positions.
   m.def(
       "hstu_mha_fwd(int max_seq_len, float alpha, Tensor q, Tensor k, Tensor v, Tensor seq_offsets, bool causal, "
       "Tensor? num_targets, float? attn_scale, Tensor? attn_scale_per_token, int max_attn_len, "
-      "int contextual_seq_len, Tensor? rab, int min_full_attn_seq_len=0) -> Tensor");
+      "int contextual_seq_len, Tensor? rab, int min_full_attn_seq_len=0, float dropout_pr=0.0, "
+      "Tensor? dropout_seed=None) -> Tensor");
   m.def(
       "hstu_mha_bwd(int max_seq_len, float alpha, Tensor grad_out, Tensor q, Tensor k, Tensor v, "
       "Tensor seq_offsets, bool causal, Tensor? num_targets, float? attn_scale, Tensor? attn_scale_per_token, "
       "int max_attn_len, int contextual_seq_len, Tensor? rab, bool rab_requires_grad, "
-      "int min_full_attn_seq_len=0) "
+      "int min_full_attn_seq_len=0, float dropout_pr=0.0, Tensor? dropout_seed=None) "
       "-> (Tensor, Tensor, Tensor, Tensor?)");
   define_gdpa(m);
 }
@@ -264,7 +304,8 @@ HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tenso
                          const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                          const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
                          std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-                         std::int64_t min_full_attn_seq_len) {
+                         std::int64_t min_full_attn_seq_len, double dropout_pr,
+                         const std::optional<at::Tensor>& dropout_seed) {
   HstuOptions o;
   o.max_seq_len = max_seq_len;
   o.alpha = alpha;
@@ -277,6 +318,8 @@ HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tenso
   o.contextual_seq_len = contextual_seq_len;
   o.rab = rab;
   o.min_full_attn_seq_len = min_full_attn_seq_len;
+  o.dropout_pr = dropout_pr;
+  o.dropout_seed = dropout_seed;
   return o;
 }
 
@@ -327,6 +370,8 @@ at::Tensor forward_composite(const at::Tensor& q, const at::Tensor& k, const at:
       const ChunkRows c = load_chunk(qc, kc, vc, o, all, chunk, compute);
       at::Tensor p = at::silu(c.s);
       scale.apply(p, c).masked_fill_(c.invalid, 0);
+      const at::Tensor keep = dropout_keep(o, chunk, layout.heads, compute);
+      if (keep.defined()) p.mul_(keep);
       scatter_rows(out, c.tokens.dest, at::matmul(p, c.v));
     }
   }
@@ -356,9 +401,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
       const at::Tensor sig = at::sigmoid(c.s);
       at::Tensor p = c.s * sig;
       scale.apply(p, c).masked_fill_(c.invalid, 0);
+      const at::Tensor keep = dropout_keep(o, chunk, layout.heads, compute);
+      if (keep.defined()) p.mul_(keep);
       scatter_rows(grad_v, c.tokens.dest, at::matmul(p.transpose(2, 3), go));
       at::Tensor ds = at::matmul(go, c.v.transpose(2, 3));
       scale.apply(ds, c).masked_fill_(c.invalid, 0);
+      if (keep.defined()) ds.mul_(keep);
       // SiLU'(s) = sigmoid(s) * (1 + s * (1 - sigmoid(s)))
       ds.mul_(sig * (c.s * (1 - sig) + 1));
       scatter_rows(grad_q, c.tokens.dest, at::matmul(ds, c.k).mul_(o.alpha));

@@ -31,13 +31,16 @@ struct HstuOptions {
   std::int64_t contextual_seq_len = 0;
   std::optional<at::Tensor> rab;
   std::int64_t min_full_attn_seq_len = 0;  // generative-recommenders': with max_attn_len, the last rows attend fully
+  double dropout_pr = 0.0;                  // attention dropout (composite path only), with its seed:
+  std::optional<at::Tensor> dropout_seed;   // [1] int64 on q's device
 };
 
 HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tensor& seq_offsets, bool causal,
                          const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                          const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
                          std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-                         std::int64_t min_full_attn_seq_len);
+                         std::int64_t min_full_attn_seq_len, double dropout_pr,
+                         const std::optional<at::Tensor>& dropout_seed);
 
 // Facts established by the checks.
 struct HstuLayout {

@@ -44,15 +44,16 @@ at::Tensor call_hstu_forward(std::int64_t max_seq_len, double alpha, const at::T
                              const at::Tensor& v, const at::Tensor& seq_offsets, bool causal,
                              const OptTensor& num_targets, std::optional<double> attn_scale,
                              const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
-                             std::int64_t contextual_seq_len, const OptTensor& rab, std::int64_t min_full_attn_seq_len) {
+                             std::int64_t contextual_seq_len, const OptTensor& rab, std::int64_t min_full_attn_seq_len,
+                             double dropout_pr, const OptTensor& dropout_seed) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("hipdlrm::hstu_mha_fwd", "")
                        .typed<at::Tensor(std::int64_t, double, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          const at::Tensor&, bool, const OptTensor&, std::optional<double>,
                                          const OptTensor&, std::int64_t, std::int64_t, const OptTensor&,
-                                         std::int64_t)>();
+                                         std::int64_t, double, const OptTensor&)>();
   return op.call(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale, attn_scale_per_token,
-                 max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len);
+                 max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len, dropout_pr, dropout_seed);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, OptTensor> call_hstu_backward(
@@ -60,21 +61,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, OptTensor> call_hstu_backward(
     const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const OptTensor& num_targets,
     std::optional<double> attn_scale, const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
     std::int64_t contextual_seq_len, const OptTensor& rab, bool rab_requires_grad,
-    std::int64_t min_full_attn_seq_len) {
+    std::int64_t min_full_attn_seq_len, double dropout_pr, const OptTensor& dropout_seed) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("hipdlrm::hstu_mha_bwd", "")
           .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, OptTensor>(
               std::int64_t, double, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
               const at::Tensor&, bool, const OptTensor&, std::optional<double>, const OptTensor&, std::int64_t,
-              std::int64_t, const OptTensor&, bool, std::int64_t)>();
+              std::int64_t, const OptTensor&, bool, std::int64_t, double, const OptTensor&)>();
   return op.call(max_seq_len, alpha, grad_out, q, k, v, seq_offsets, causal, num_targets, attn_scale,
                  attn_scale_per_token, max_attn_len, contextual_seq_len, rab, rab_requires_grad,
-                 min_full_attn_seq_len);
+                 min_full_attn_seq_len, dropout_pr, dropout_seed);
 }
 
 // hstu_mha_fwd's arguments, in schema order: the gradient list has one entry per argument.
-constexpr std::size_t kHstuArgs = 14;
+constexpr std::size_t kHstuArgs = 16;
 constexpr std::size_t kHstuQ = 2, kHstuK = 3, kHstuV = 4, kHstuRab = 12;
 
 struct HstuFunction : public torch::autograd::Function<HstuFunction> {
@@ -83,13 +84,15 @@ struct HstuFunction : public torch::autograd::Function<HstuFunction> {
                             const OptTensor& num_targets, std::optional<double> attn_scale,
                             const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
                             std::int64_t contextual_seq_len, const OptTensor& rab,
-                            std::int64_t min_full_attn_seq_len) {
+                            std::int64_t min_full_attn_seq_len, double dropout_pr, const OptTensor& dropout_seed) {
     at::AutoDispatchBelowADInplaceOrView guard;
     at::Tensor out = call_hstu_forward(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
                                        attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
-                                       min_full_attn_seq_len);
+                                       min_full_attn_seq_len, dropout_pr, dropout_seed);
     ctx->save_for_backward({q, k, v, seq_offsets, num_targets.value_or(at::Tensor()),
-                            attn_scale_per_token.value_or(at::Tensor()), rab.value_or(at::Tensor())});
+                            attn_scale_per_token.value_or(at::Tensor()), rab.value_or(at::Tensor()),
+                            dropout_seed.value_or(at::Tensor())});
+    ctx->saved_data["dropout_pr"] = dropout_pr;
     ctx->saved_data["max_seq_len"] = max_seq_len;
     ctx->saved_data["alpha"] = alpha;
     ctx->saved_data["causal"] = causal;
@@ -110,7 +113,8 @@ struct HstuFunction : public torch::autograd::Function<HstuFunction> {
         s[0], s[1], s[2], s[3], ctx->saved_data["causal"].toBool(), saved_optional(s[4]),
         scale.isNone() ? std::nullopt : std::optional<double>(scale.toDouble()), saved_optional(s[5]),
         ctx->saved_data["max_attn_len"].toInt(), ctx->saved_data["contextual_seq_len"].toInt(),
-        saved_optional(s[6]), rab_requires_grad, ctx->saved_data["min_full_attn_seq_len"].toInt());
+        saved_optional(s[6]), rab_requires_grad, ctx->saved_data["min_full_attn_seq_len"].toInt(),
+        ctx->saved_data["dropout_pr"].toDouble(), saved_optional(s[7]));
     variable_list grads(kHstuArgs);
     grads[kHstuQ] = grad_q;
     grads[kHstuK] = grad_k;
@@ -125,19 +129,22 @@ at::Tensor hstu_forward_autograd(std::int64_t max_seq_len, double alpha, const a
                                  const OptTensor& num_targets, std::optional<double> attn_scale,
                                  const OptTensor& attn_scale_per_token, std::int64_t max_attn_len,
                                  std::int64_t contextual_seq_len, const OptTensor& rab,
-                                 std::int64_t min_full_attn_seq_len) {
+                                 std::int64_t min_full_attn_seq_len, double dropout_pr,
+                                 const OptTensor& dropout_seed) {
   const at::Tensor* rab_ptr = rab.has_value() ? &*rab : nullptr;
   const at::Tensor* scale_ptr = attn_scale_per_token.has_value() ? &*attn_scale_per_token : nullptr;
   if (!records_graph({&q, &k, &v, rab_ptr, scale_ptr})) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return call_hstu_forward(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len);
+                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len,
+                             dropout_pr, dropout_seed);
   }
   TORCH_CHECK_VALUE(!(attn_scale_per_token.has_value() && attn_scale_per_token->requires_grad()),
                     "hstu_mha: attn_scale_per_token is not differentiable; pass a tensor that does not require grad "
                     "(e.g. attn_scale.detach())");
   return HstuFunction::apply(max_seq_len, alpha, q, k, v, seq_offsets, causal, num_targets, attn_scale,
-                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len);
+                             attn_scale_per_token, max_attn_len, contextual_seq_len, rab, min_full_attn_seq_len,
+                             dropout_pr, dropout_seed);
 }
 
 // ---- GDPA ---------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 // HSTU attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
 //
 // fp16 and bf16 inputs at head dims 32, 64, 128 and 256 run on the matrix-core kernels
-// (kernels/attention/attention_api.h). fp32 and fp64 inputs, and other head dims, take the composite path of
-// attention.cpp on the device: the kernels have no fp32 instantiation nor other head dims, and the
+// (kernels/attention/attention_api.h). fp32 and fp64 inputs, other head dims, and calls with attention
+// dropout take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation nor other head dims, and the
 // composite path is the reference the kernels are tested against. Neither path reads a value on the
 // host: each call enqueues validate_offsets, which records the first invalid offset or num_targets value
 // in the device error record (raised as a RuntimeError by a later hipdlrm call or hipdlrm.synchronize()),
@@ -103,12 +103,13 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
                        const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,
                        const std::optional<at::Tensor>& attn_scale_per_token, std::int64_t max_attn_len,
                        std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-                       std::int64_t min_full_attn_seq_len) {
+                       std::int64_t min_full_attn_seq_len, double dropout_pr,
+                       const std::optional<at::Tensor>& dropout_seed) {
   const char* op = "hstu_mha_fwd";
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
-                                     min_full_attn_seq_len);
-  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
+                                     min_full_attn_seq_len, dropout_pr, dropout_seed);
+  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2)) && dropout_pr == 0.0;
   const HstuLayout layout = check_forward(op, q, k, v, o, false);  // the values are checked on the device
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -144,12 +145,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     const at::Tensor& v, const at::Tensor& seq_offsets, bool causal, const std::optional<at::Tensor>& num_targets,
     std::optional<double> attn_scale, const std::optional<at::Tensor>& attn_scale_per_token,
     std::int64_t max_attn_len, std::int64_t contextual_seq_len, const std::optional<at::Tensor>& rab,
-    bool rab_requires_grad, std::int64_t min_full_attn_seq_len) {
+    bool rab_requires_grad, std::int64_t min_full_attn_seq_len, double dropout_pr,
+    const std::optional<at::Tensor>& dropout_seed) {
   const char* op = "hstu_mha_bwd";
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
-                                     min_full_attn_seq_len);
-  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
+                                     min_full_attn_seq_len, dropout_pr, dropout_seed);
+  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2)) && dropout_pr == 0.0;
   const HstuLayout layout = check_backward(op, grad_out, q, k, v, o, rab_requires_grad, false);
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
