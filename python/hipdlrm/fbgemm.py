@@ -906,13 +906,14 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         dim]``, one ``[dim]`` row of values per row the batch looked up, indexed by the row's global id
         (``table_row_offset + row``; features that share a table share its rows). hipdlrm's op gives the
         rows' elements in row order, ``dim`` each (every table has one dim), at flat offsets that are
-        ``global_row * dim`` in the packed layout, so the rows are sorted and unique: coalesced."""
+        ``global_row * dim`` in the packed layout, ascending, one row per lookup: the looked-up rows, then
+        zero rows at the first of them (the op's padding, so no size depends on a value): not coalesced."""
         if "weights_dev" not in self._parameters:
             return super()._sparse_gradient(element, values)
         dim = self.max_D
         rows = torch.div(element.view(-1, dim)[:, 0], dim, rounding_mode="floor")
         return torch.sparse_coo_tensor(rows.unsqueeze(0), values.view(-1, dim), (self.total_rows, dim),
-                                       check_invariants=False, is_coalesced=True)
+                                       check_invariants=False, is_coalesced=False)
 
     def _tie_weights_dev(self) -> None:
         if "weights_dev" in self._parameters:

@@ -134,7 +134,8 @@ def _tbe_backward_fake(grad_output, weights, *args):
 
 @torch.library.register_fake("hipdlrm::tbe_backward_sparse")
 def _tbe_backward_sparse_fake(grad_output, weights, *args):
-    nnz = torch.library.get_ctx().new_dynamic_size()
+    # One row of max_D entries per lookup, padding included (docs/tbe.md): no size depends on a value.
+    nnz = args[7].numel() * args[6] if weights.numel() > 0 else 0
     return (weights.new_empty((nnz,), dtype=torch.int64), weights.new_empty((nnz,)),
             _grad_psw_fake(weights, args[7], args[10]))
 
@@ -293,14 +294,14 @@ def _tbe_lookup_backward(ctx, grad_output):
         if ctx.needs_input_grad[0] and weights.dim() == 1:
             # The module's flat weights: TableBatchedEmbedding._sparse_gradient's layout.
             grad_weights = torch.sparse_coo_tensor(element.unsqueeze(0), values, (weights.numel(),),
-                                                   check_invariants=False, is_coalesced=True)
+                                                   check_invariants=False, is_coalesced=False)
         elif ctx.needs_input_grad[0]:
             # [rows, dim] weights (hipdlrm.fbgemm's weights_dev: tables back to back, one dim): FBGEMM's
-            # row-sparse COO, one row of values per looked-up row (the rows ascend and are unique).
+            # row-sparse COO, one row of values per looked-up row (ascending), then the zero padding rows.
             dim = weights.shape[1]
             rows = torch.div(element.view(-1, dim)[:, 0], dim, rounding_mode="floor")
             grad_weights = torch.sparse_coo_tensor(rows.unsqueeze(0), values.view(-1, dim), tuple(weights.shape),
-                                                   check_invariants=False, is_coalesced=True)
+                                                   check_invariants=False, is_coalesced=False)
     if not ctx.needs_input_grad[_LOOKUP_PSW]:
         grad_psw = None
     grad_placeholder = (grad_output.new_zeros(0, dtype=torch.float32) if ctx.needs_input_grad[_LOOKUP_PLACEHOLDER]
@@ -656,10 +657,10 @@ class TableBatchedEmbedding(nn.Module):
     def _sparse_gradient(self, element: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """OptimType.NONE: ``tbe_backward_sparse``'s (element indices, values) as the gradient of
         ``_lookup_weights()``: here a 1-D sparse COO over the elements of the flat weights
-        (``[weights.numel()]``, alignment gaps included). Segments ascend by row and tables by offset, so
-        the indices are sorted and unique: it is coalesced."""
+        (``[weights.numel()]``, alignment gaps included): the looked-up rows' elements, then zero-valued
+        padding at an element already in it (docs/tbe.md), so it is not coalesced."""
         return torch.sparse_coo_tensor(element.unsqueeze(0), values, (self.weights.numel(),),
-                                       check_invariants=False, is_coalesced=True)
+                                       check_invariants=False, is_coalesced=False)
 
     # ---- public API ----
 

@@ -92,6 +92,16 @@ def _looked_up_rows(specs, ftm, indices, offsets):
     return torch.cat(ids).unique()
 
 
+def _assert_rows_then_padding(g, expected_rows, lookups):
+    """The layout of weights_dev.grad: one row per lookup (its size follows from the shapes, not from the
+    values); the looked-up rows ascending first, then zero rows at the first of them."""
+    n = expected_rows.numel()
+    assert g._indices().shape == (1, lookups) and g._values().shape[0] == lookups
+    torch.testing.assert_close(g._indices()[0, :n], expected_rows, rtol=0, atol=0)
+    assert (g._indices()[0, n:] == expected_rows[0]).all()
+    assert (g._values()[n:] == 0).all()
+
+
 # ---- OptimType.NONE: the parameter ----------------------------------------------------------------------
 
 
@@ -161,10 +171,8 @@ def test_none_gradient_is_fbgemms_row_sparse_coo(layout, pooling, weighted, dtyp
     rows, dim = sum(r for r, _ in specs), specs[0][1]
     assert g.is_sparse and g.shape == (rows, dim) and g.sparse_dim() == 1 and g.dense_dim() == 1
     assert g.dtype == dtype and tbe.weights.grad is None
-    # One row per looked-up row (its global id), in ascending order, nothing else.
-    expected_rows = _looked_up_rows(specs, ftm, indices, offsets)
-    assert g._indices().shape == (1, expected_rows.numel())
-    torch.testing.assert_close(g._indices()[0], expected_rows, rtol=0, atol=0)
+    # One row per looked-up row (its global id), in ascending order, then the padding.
+    _assert_rows_then_padding(g, _looked_up_rows(specs, ftm, indices, offsets), indices.numel())
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
     torch.testing.assert_close(g.to_dense().double(), ref_grad, **tol)
     if weighted:
@@ -203,8 +211,9 @@ def test_none_gradient_with_vbe_and_shared_tables():
 
 def test_none_total_unique_indices_above_the_real_count():
     """FBGEMM sizes the gradient with total_unique_indices and leaves the entries past the real unique count
-    uninitialised (at::empty in its none backward); hipdlrm sizes it itself: exactly the rows looked up. A
-    count summed per feature, as FBGEMM's test computes it, exceeds that with shared tables."""
+    uninitialised (at::empty in its none backward); hipdlrm gives one row per lookup, the rows looked up
+    and then zero rows at the first of them, whatever the (valid) count. A count summed per feature, as
+    FBGEMM's test computes it, exceeds the real one with shared tables."""
     specs, ftm = [(6, 4), (5, 4)], [0, 1, 0]
     tbe = _make(specs, feature_table_map=ftm, optimizer=hf.EmbOptimType.NONE)
     tbe.init_embedding_weights_uniform(-1, 1)
@@ -216,7 +225,8 @@ def test_none_total_unique_indices_above_the_real_count():
     grad = torch.randn(out.shape)
     out.backward(grad)
     g = tbe.weights_dev.grad
-    assert g._nnz() == 4 and g._indices().tolist() == [[1, 2, 3, 10]]  # table 1's row 4 is global row 10
+    _assert_rows_then_padding(g, torch.tensor([1, 2, 3, 10]), 7)  # table 1's row 4 is global row 10
+    assert g.coalesce()._indices().tolist() == [[1, 2, 3, 10]]
     ref_grad, _ = _reference_gradients(tbe, ftm, hf.PoolingMode.SUM, indices, offsets, None, grad)
     torch.testing.assert_close(g.to_dense().double(), ref_grad, rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="total_unique_indices"):

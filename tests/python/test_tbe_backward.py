@@ -628,6 +628,36 @@ def test_sparse_gradient_matches_autograd(pooling, weighted):
         torch.testing.assert_close(ours_psw.double(), psw_ref.grad, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("pooling", POOLINGS, ids=lambda p: p.name)
+def test_sparse_gradient_has_one_row_per_lookup(pooling):
+    """tbe_backward_sparse's layout, whose size follows from the shapes (so the GPU path reads nothing
+    back): len(indices) rows of max_D entries; the rows looked up first, ascending in the row space, the
+    first dim entries of each its elements; every other entry value 0 at the first row's first element.
+    Pruned lookups (-1) and a row looked up by two features of one table add no row. The values are
+    checked against autograd by test_sparse_gradient_matches_autograd."""
+    module = case(pooling, OptimType.NONE, seed=31)
+    indices, offsets, psw = make_inputs(module, 6, 32, weighted=True)
+    grad = upstream(module, indices, offsets, 33)
+    element, values, _ = run_backward_op(module, OptimType.NONE, indices, offsets, psw, grad, "cpu", False)
+    n, max_D = indices.numel(), module.max_D
+    assert element.shape == values.shape == (n * max_D,)
+    B = (offsets.numel() - 1) // module.num_features
+    rows = {}  # row-space key -> (first element, dim), from the module's metadata
+    for f in range(module.num_features):
+        dim = int(module.D_offsets[f + 1] - module.D_offsets[f])
+        for idx in indices[int(offsets[f * B]):int(offsets[(f + 1) * B])].tolist():
+            if idx >= 0:
+                rows[int(module.row_offsets[f]) + idx] = (int(module.weights_offsets[f]) + idx * dim, dim)
+    element, values = element.view(n, max_D), values.view(n, max_D)
+    real = [rows[k] for k in sorted(rows)]
+    assert 0 < len(real) < n
+    fill = real[0][0]
+    for r, (first, dim) in enumerate(real):
+        assert element[r, :dim].tolist() == list(range(first, first + dim))
+        assert (element[r, dim:] == fill).all() and (values[r, dim:] == 0).all()
+    assert (element[len(real):] == fill).all() and (values[len(real):] == 0).all()
+
+
 def _raw_op_gradients_match_reference(pooling, weighted, device):
     module = case(pooling, OptimType.NONE, seed=21, device=device)
     indices, offsets, psw = make_inputs(module, 5, 22, weighted=weighted)
@@ -1335,10 +1365,11 @@ def _gpu_step_inputs(module, steps):
 
 
 @requires_gpu
-@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=lambda o: o.name)
+@pytest.mark.parametrize("optimizer", [OptimType.NONE] + OPTIMIZERS, ids=lambda o: o.name)
 def test_gpu_step_has_no_host_sync(optimizer):
     """torch's sync debug mode raises at any synchronising call it sees (a value read on the host, a
-    synchronising copy) during a whole eager step."""
+    synchronising copy) during a whole eager step: the fused update, or OptimType.NONE's sparse gradient
+    (tbe_backward_sparse sized by the shapes) against the CPU's."""
     module = case(PoolingMode.SUM, optimizer, torch.float32, device="cuda", seed=22,
                   bounds_check_mode=BoundsCheckMode.WARNING)
     (indices, offsets, grad), = _gpu_step_inputs(module, 1)
@@ -1347,11 +1378,48 @@ def test_gpu_step_has_no_host_sync(optimizer):
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(2):
+            module.weights.grad = None
             module(indices, offsets).backward(grad)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    assert int(module.optimizer_counters[0]) == 3
+    if optimizer != OptimType.NONE:
+        assert int(module.optimizer_counters[0]) == 3
+        return
+    cpu = case(PoolingMode.SUM, optimizer, torch.float32, seed=22, bounds_check_mode=BoundsCheckMode.WARNING)
+    cpu(indices.cpu(), offsets.cpu()).backward(grad.cpu())
+    got, expected = module.weights.grad.cpu(), cpu.weights.grad
+    assert torch.equal(got._indices(), expected._indices())
+    torch.testing.assert_close(got._values(), expected._values(), rtol=1e-5, atol=1e-5)
+
+
+@requires_gpu
+def test_gpu_raw_op_gradient_has_no_host_sync():
+    """The registered autograd of torch.ops.hipdlrm.tbe_forward called directly (tbe_backward_sparse, then
+    a scatter into the dense gradient) reads nothing back, and matches the CPU's."""
+    module = case(PoolingMode.MEAN, OptimType.NONE, seed=24)
+    indices, offsets, psw = make_inputs(module, 8, 25, weighted=True)
+    grad = upstream(module, indices, offsets, 26)
+    results = []
+    for device in ("cpu", "cuda"):
+        weights = module.weights.detach().to(device).requires_grad_(True)
+        psw_in = psw.to(device).requires_grad_(True)
+        args = [t.to(device) for t in (module.weights_offsets, module.D_offsets, module.rows_per_table)]
+        idx, off, upstream_grad = indices.to(device), offsets.to(device), grad.to(device)
+        run = lambda: torch.ops.hipdlrm.tbe_forward(  # noqa: E731
+            weights, *args, module.total_D, module.max_D, idx, off, int(module.pooling_mode), psw_in, torch.float32)
+        if device == "cuda":
+            run().sum().backward()  # the first call on the device may set up
+            weights.grad, psw_in.grad = None, None
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+        try:
+            (run() * upstream_grad).sum().backward()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        results.append((weights.grad.cpu(), psw_in.grad.cpu()))
+    for got, expected in zip(results[1], results[0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ gpu::status_t launch_backward_prepare(const BackwardProblem<index_t>& p, void* w
 // Stage 2: the step (p.optimizer_counters[0] += 1, unless OptimType::kNone), then one wave per segment
 // applies p.optim to its row (or, for OptimType::kNone, writes the summed row
 // to p.grad_rows). Reads the workspace that stage 1 filled; `max_segments` bounds the segment count
-// (the lookup count, or the count read back from stage 1).
+// (the lookup count: the grid is sized by it, the count itself stays on the device).
 template <typename index_t>
 gpu::status_t launch_backward_apply(const BackwardProblem<index_t>& p, void* workspace, std::size_t workspace_bytes,
                                     const std::int32_t* num_segments, std::int64_t max_segments, int wave_size,

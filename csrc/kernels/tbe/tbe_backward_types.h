@@ -55,7 +55,8 @@ struct BackwardProblem {
   std::int64_t* optimizer_counters = nullptr;
   double beta1 = 0.0, beta2 = 0.0;  // Adam's betas as given, for the bias corrections
   // OptimType::kNone only: per segment s, the summed row (grad_rows[s * max_D + d]), the element offset of
-  // the row in weights and its dim (0 for a segment of skipped lookups). Sized with the segment count.
+  // the row in weights and its dim (0 for a segment of skipped lookups). Sized for one segment per lookup
+  // (the segment count stays on the device; the rows past it are not written).
   float* grad_rows = nullptr;
   std::int64_t* segment_weight_offsets = nullptr;
   std::int32_t* segment_dims = nullptr;

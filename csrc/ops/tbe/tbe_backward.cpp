@@ -347,9 +347,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_cpu(const Bac
   const std::int64_t segments = static_cast<std::int64_t>(p.plan.seg_start.size()) - 1;
   const std::int64_t B = s.forward.batch_size;
   const auto f32 = weights.options().dtype(at::kFloat);
-  at::Tensor grad_rows = at::zeros({segments, max_D}, f32);
-  at::Tensor seg_offsets = at::empty({segments}, weights.options().dtype(at::kLong));
-  at::Tensor seg_dims = at::empty({segments}, weights.options().dtype(at::kInt));
+  // One row per lookup, as on the GPU (whose segment count stays on the device): the rows past the
+  // segments keep dim 0 (padding).
+  const std::int64_t capacity = s.forward.num_indices;
+  at::Tensor grad_rows = at::zeros({capacity, max_D}, f32);
+  at::Tensor seg_offsets = at::zeros({capacity}, weights.options().dtype(at::kLong));
+  at::Tensor seg_dims = at::zeros({capacity}, weights.options().dtype(at::kInt));
   float* rows_out = grad_rows.data_ptr<float>();
   std::int64_t* offs = seg_offsets.data_ptr<std::int64_t>();
   std::int32_t* dims = seg_dims.data_ptr<std::int32_t>();
@@ -364,7 +367,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_cpu(const Bac
       row_gradient(c, seg, D, rows_out + seg * max_D, piece);
     }
   });
-  auto sparse = sparse_gradient_from_rows(grad_rows, seg_offsets, seg_dims, weights.scalar_type());
+  auto sparse = sparse_gradient_from_rows(grad_rows, seg_offsets, seg_dims, weights);
   return {std::get<0>(sparse), std::get<1>(sparse), p.grad_psw};
 }
 
@@ -556,13 +559,20 @@ OptimizerArgs check_optimizer_arguments(const BackwardArgs& a) {
 
 std::tuple<at::Tensor, at::Tensor> sparse_gradient_from_rows(const at::Tensor& grad_rows,
                                                              const at::Tensor& segment_weight_offsets,
-                                                             const at::Tensor& segment_dims,
-                                                             at::ScalarType weights_dtype) {
+                                                             const at::Tensor& segment_dims, const at::Tensor& weights) {
+  const auto long_options = segment_weight_offsets.options();
+  if (weights.numel() == 0 || grad_rows.size(0) == 0) {
+    // No element to look up (every lookup was skipped), none to stand in for the padding either.
+    return {at::empty({0}, long_options), at::empty({0}, weights.options())};
+  }
   const std::int64_t max_D = grad_rows.size(1);
-  const at::Tensor cols = at::arange(max_D, segment_weight_offsets.options());
+  const at::Tensor cols = at::arange(max_D, long_options);
   const at::Tensor mask = cols.unsqueeze(0) < segment_dims.to(at::kLong).unsqueeze(1);
-  const at::Tensor element = segment_weight_offsets.unsqueeze(1) + cols.unsqueeze(0);
-  return {element.masked_select(mask), grad_rows.masked_select(mask).to(weights_dtype)};
+  // The padding's element: the first row's first element (a real one whenever any lookup contributed).
+  const at::Tensor element = at::where(mask, segment_weight_offsets.unsqueeze(1) + cols.unsqueeze(0),
+                                       segment_weight_offsets.narrow(0, 0, 1).unsqueeze(1));
+  const at::Tensor values = at::where(mask, grad_rows, at::zeros({}, grad_rows.options()));
+  return {element.reshape(-1), values.reshape(-1).to(weights.scalar_type())};
 }
 
 namespace {

@@ -57,12 +57,14 @@ BackwardShape check_backward_arguments(const BackwardArgs& a);
 OptimizerArgs check_optimizer_arguments(const BackwardArgs& a);
 
 // The sparse gradient of the flat weights from per-segment summed rows: grad_rows [S, max_D] (fp32),
-// segment_weight_offsets [S] (int64) and segment_dims [S] (int32, 0 = no row). Returns (element indices
-// [nnz] int64, values [nnz] in weights' dtype), indices ascending.
+// segment_weight_offsets [S] (int64) and segment_dims [S] (int32, 0 = padding: no row). Returns (element
+// indices [S * max_D] int64, values [S * max_D] in weights' dtype): row s's first segment_dims[s] entries
+// are its elements and gradient, every other entry is padding, value 0 at the first row's first element
+// (so the set of elements is the rows looked up, and the size follows from the shapes). Both are empty when
+// weights has no element.
 std::tuple<at::Tensor, at::Tensor> sparse_gradient_from_rows(const at::Tensor& grad_rows,
                                                              const at::Tensor& segment_weight_offsets,
-                                                             const at::Tensor& segment_dims,
-                                                             at::ScalarType weights_dtype);
+                                                             const at::Tensor& segment_dims, const at::Tensor& weights);
 
 // A boxed kernel running Impl(BackwardArgs) -> its outputs (one tensor or a tuple of tensors).
 template <typename Result, Result (*Impl)(const BackwardArgs&)>

@@ -1,7 +1,8 @@
 // tbe_backward / tbe_backward_sparse on CUDA / ROCm: argument checks, scratch allocation (through the
 // caching allocator) and the launches. tbe_backward reads no tensor value on the host; the kernels are
 // memory-safe whatever the values are (lookups that are out of range, pruned or in no bag are skipped).
-// tbe_backward_sparse reads the segment count back (one synchronisation) to size its output.
+// tbe_backward_sparse neither: its output has room for one row per lookup (sparse_gradient_from_rows), so
+// its size follows from the shapes.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -95,11 +96,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_gpu(const Bac
   (void)common::begin_gpu_call(a.weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_backward");
   const at::Tensor go = a.grad_output.to(at::kFloat).contiguous();
   at::Tensor grad_psw = grad_psw_tensor(s, a);
-  const auto f32 = a.weights.options().dtype(at::kFloat);
-  at::Tensor grad_rows = at::empty({0, a.max_D}, f32);
-  at::Tensor seg_offsets = at::empty({0}, a.weights.options().dtype(at::kLong));
-  at::Tensor seg_dims = at::empty({0}, a.weights.options().dtype(at::kInt));
-  if (s.forward.num_indices > 0) {
+  // Rows the apply kernel does not reach (past the segment count, which stays on the device) keep dim 0:
+  // padding. Their grad_rows are never read.
+  const std::int64_t capacity = s.forward.num_indices;
+  at::Tensor grad_rows = at::empty({capacity, a.max_D}, a.weights.options().dtype(at::kFloat));
+  at::Tensor seg_offsets = at::zeros({capacity}, a.weights.options().dtype(at::kLong));
+  at::Tensor seg_dims = at::zeros({capacity}, a.weights.options().dtype(at::kInt));
+  if (capacity > 0) {
     const int device = a.weights.get_device();
     const int wave = gpu::device_wave_size(device);
     const int sms = gpu::device_multiprocessors(device);
@@ -107,25 +110,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_gpu(const Bac
     AT_DISPATCH_INDEX_TYPES(a.indices.scalar_type(), "tbe_backward_sparse_gpu", [&] {
       ktbe::BackwardProblem<index_t> p = make_problem<index_t>(s, a, go, grad_psw);
       p.optim.optimizer = ktbe::OptimType::kNone;
+      p.grad_rows = grad_rows.data_ptr<float>();
+      p.segment_weight_offsets = seg_offsets.data_ptr<std::int64_t>();
+      p.segment_dims = seg_dims.data_ptr<std::int32_t>();
       const std::size_t bytes = ktbe::backward_workspace_bytes(p);
       at::Tensor workspace = at::empty({static_cast<std::int64_t>(bytes)}, a.weights.options().dtype(at::kByte));
       at::Tensor num_segments = at::empty({1}, a.weights.options().dtype(at::kInt));
       check_status(ktbe::launch_backward_prepare(p, workspace.data_ptr(), bytes,
                                                  num_segments.data_ptr<std::int32_t>(), wave, sms, stream),
                    a.op);
-      const std::int64_t segments = num_segments.item<std::int32_t>();  // synchronises
-      grad_rows = at::empty({segments, a.max_D}, f32);
-      seg_offsets = at::empty({segments}, a.weights.options().dtype(at::kLong));
-      seg_dims = at::empty({segments}, a.weights.options().dtype(at::kInt));
-      p.grad_rows = grad_rows.data_ptr<float>();
-      p.segment_weight_offsets = seg_offsets.data_ptr<std::int64_t>();
-      p.segment_dims = seg_dims.data_ptr<std::int32_t>();
       check_status(ktbe::launch_backward_apply(p, workspace.data_ptr(), bytes, num_segments.data_ptr<std::int32_t>(),
-                                               segments, wave, sms, stream),
+                                               capacity, wave, sms, stream),
                    a.op);
     });
   }
-  auto sparse = sparse_gradient_from_rows(grad_rows, seg_offsets, seg_dims, a.weights.scalar_type());
+  auto sparse = sparse_gradient_from_rows(grad_rows, seg_offsets, seg_dims, a.weights);
   return {std::get<0>(sparse), std::get<1>(sparse), grad_psw};
 }
 
