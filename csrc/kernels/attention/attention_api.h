@@ -68,6 +68,25 @@ struct AttentionProblem {
   Activation activation = Activation::kSilu;
 };
 
+// ---- the offsets' values (attention_offsets.cu) ----------------------------------------------------------
+// The kernels clamp every sequence into its tensor's rows and max length (sample_rows), so invalid offsets
+// cost a wrong result, never an access out of bounds; validate_offsets records the first invalid value it
+// meets in the device error record (`op`, code = OffsetsCheck, values {OffsetsArg, position, value, other}:
+// attention_offsets.h).
+// The kernel path runs it in the schedule build's launch (AttentionForwardArgs::offsets_check); the calls
+// that build no schedule enqueue validate_offsets (below).
+struct OffsetsProblem {
+  common::ErrorOp op = common::ErrorOp::kHstuMha;
+  const std::int64_t* q_offsets = nullptr;     // [q_sequences + 1]
+  int q_sequences = 0;
+  std::int64_t q_rows = 0;
+  int q_max = 0;
+  const std::int64_t* num_targets = nullptr;   // [q_sequences], or null
+  const std::int64_t* kv_offsets = nullptr;    // [kv_sequences + 1], or null
+  int kv_sequences = 0;
+  std::int64_t kv_rows = 0;
+  int kv_max = 0;
+};
 struct AttentionForwardArgs {
   AttentionProblem p;
   const void* q = nullptr;
@@ -77,6 +96,10 @@ struct AttentionForwardArgs {
   // Device workspace of schedule_workspace_ints(p) ints (below), contents ignored: the launcher writes the
   // tile schedule there before the kernel reads it.
   int* schedule = nullptr;
+  // The call's offsets check, run by one more block of the schedule build's launch (one launch fewer per
+  // call than validate_offsets); a default sink checks nothing.
+  OffsetsProblem offsets_check;
+  common::DeviceErrorSink errors;
 };
 
 struct AttentionBackwardArgs {
@@ -95,6 +118,8 @@ struct AttentionBackwardArgs {
   // Entries outside every sequence's valid region stay zero. The binding casts it to rab's type.
   float* grad_rab = nullptr;
   int* schedule = nullptr;  // as in AttentionForwardArgs
+  OffsetsProblem offsets_check;  // as in AttentionForwardArgs
+  common::DeviceErrorSink errors;
 };
 
 // Kernel choices left to the caller (the binding takes them from the user's options).
@@ -134,27 +159,12 @@ std::int64_t schedule_workspace_ints(const AttentionProblem& p);
 // blocks listed last block first (the causal forward's longest query blocks), else first block first (the
 // backward's key blocks, the first having the most queries). At most `capacity` pairs are listed
 // (invalid offsets can exceed the bound; what they cost is a wrong result, never an access out of bounds).
+// The same launch runs `check` into `errors` (validate_offsets' work) in one more block; with capacity 0
+// it runs the check alone. Every launcher calls it once per call, also when its schedule is empty.
 gpu::status_t build_schedule(const AttentionProblem& p, int tile_rows, bool keys, bool descending,
-                             std::int64_t capacity, int* schedule, gpu::stream_t stream);
+                             std::int64_t capacity, int* schedule, const OffsetsProblem& check,
+                             const common::DeviceErrorSink& errors, gpu::stream_t stream);
 
-// ---- the offsets' values (attention_offsets.cu) ----------------------------------------------------------
-// The kernels clamp every sequence into its tensor's rows and max length (sample_rows), so invalid offsets
-// cost a wrong result, never an access out of bounds; validate_offsets records the first invalid value it
-// meets in the device error record (`op`, code = OffsetsCheck, values {OffsetsArg, position, value, other}:
-// attention_offsets.h).
-// The forward bindings enqueue it before the forward kernel; the backward reads the same offsets.
-struct OffsetsProblem {
-  common::ErrorOp op = common::ErrorOp::kHstuMha;
-  const std::int64_t* q_offsets = nullptr;     // [q_sequences + 1]
-  int q_sequences = 0;
-  std::int64_t q_rows = 0;
-  int q_max = 0;
-  const std::int64_t* num_targets = nullptr;   // [q_sequences], or null
-  const std::int64_t* kv_offsets = nullptr;    // [kv_sequences + 1], or null
-  int kv_sequences = 0;
-  std::int64_t kv_rows = 0;
-  int kv_max = 0;
-};
 gpu::status_t validate_offsets(const OffsetsProblem& p, const common::DeviceErrorSink& sink, gpu::stream_t stream);
 
 }  // namespace attention

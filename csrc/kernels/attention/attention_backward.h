@@ -330,11 +330,12 @@ gpu::status_t launch_attention_backward(const AttentionBackwardArgs& args, gpu::
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
+  gpu::status_t st =
+      build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, args.offsets_check, args.errors, stream);
+  if (st != gpu::kSuccess) return st;
   if (capacity > 0) {
     constexpr int kSmem = Cfg::template smem_bytes<T>();
-    gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_kernel<T, kD, V>, kSmem);
-    if (st != gpu::kSuccess) return st;
-    st = build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, stream);
+    st = gpu::allow_dynamic_smem<attention_backward_kernel<T, kD, V>>(kSmem);
     if (st != gpu::kSuccess) return st;
     const std::int64_t blocks = capacity * Cfg::kSplit * kv_heads;
     attention_backward_kernel<T, kD, V>

@@ -506,10 +506,10 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
-  if (capacity == 0) return gpu::kSuccess;
-  gpu::status_t st = gpu::allow_dynamic_smem(attention_backward_sm90_kernel<T, V, kLean>, Cfg::kSmem);
-  if (st != gpu::kSuccess) return st;
-  st = build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, stream);
+  gpu::status_t st =
+      build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, args.offsets_check, args.errors, stream);
+  if (st != gpu::kSuccess || capacity == 0) return st;
+  st = gpu::allow_dynamic_smem<attention_backward_sm90_kernel<T, V, kLean>>(Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
   const std::int64_t blocks = capacity * kv_heads;
   Sm90BwdMaps maps;

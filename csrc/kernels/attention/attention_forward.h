@@ -232,11 +232,11 @@ template <typename T, int kD, class V>
 gpu::status_t launch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
   using Cfg = FwdConfig<kD>;
   const std::int64_t capacity = schedule_capacity(args.p, Cfg::kBlockM, false);
-  if (capacity == 0) return gpu::kSuccess;
+  gpu::status_t st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, args.offsets_check,
+                                    args.errors, stream);
+  if (st != gpu::kSuccess || capacity == 0) return st;
   constexpr int kSmem = Cfg::template smem_bytes<T>();
-  gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_kernel<T, kD, V>, kSmem);
-  if (st != gpu::kSuccess) return st;
-  st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, stream);
+  st = gpu::allow_dynamic_smem<attention_forward_kernel<T, kD, V>>(kSmem);
   if (st != gpu::kSuccess) return st;
   const std::int64_t blocks = capacity * args.p.heads;
   attention_forward_kernel<T, kD, V>

@@ -388,10 +388,10 @@ gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gp
   using Cfg = Sm90WsConfig;
   constexpr int kBN = Cfg::kBlockN;
   const std::int64_t capacity = schedule_capacity(args.p, Cfg::kBlockM, false);
-  if (capacity == 0) return gpu::kSuccess;
-  gpu::status_t st = gpu::allow_dynamic_smem(attention_forward_sm90_ws_kernel<T, V>, Cfg::kSmem);
-  if (st != gpu::kSuccess) return st;
-  st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, stream);
+  gpu::status_t st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, args.offsets_check,
+                                    args.errors, stream);
+  if (st != gpu::kSuccess || capacity == 0) return st;
+  st = gpu::allow_dynamic_smem<attention_forward_sm90_ws_kernel<T, V>>(Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
   const std::int64_t tiles = capacity * args.p.heads;  // at most: the kernel reads the schedule's count
   const std::int64_t sms = gpu::device_multiprocessors(gpu::current_device());

@@ -5,9 +5,12 @@
 // Block L lists the samples with exactly L blocks, in sample order, after every pair of the samples with
 // more: a block-wide sum gives where its level starts, and a block-wide scan over the samples each one's
 // rank within the level. Deterministic, no atomics; every block reads the batch's offsets twice (a few
-// thousand sequences: a few microseconds). No AMD-specific choice: there is no data reuse.
+// thousand sequences: a few microseconds). One more block, when asked, checks the call's offsets
+// (attention_offsets_check.h), so the kernel path launches no separate check. No AMD-specific choice: there
+// is no data reuse.
 #include "kernels/attention/attention_api.h"
 #include "kernels/attention/attention_core.h"
+#include "kernels/attention/attention_offsets_check.h"
 #include "hipdlrm/gpu/reduce.h"
 
 namespace hipdlrm {
@@ -15,7 +18,7 @@ namespace kernels {
 namespace attention {
 namespace {
 
-constexpr int kBlock = 256;
+constexpr int kBlock = offsets_check::kBlock;  // one block size for the levels and the check
 
 // The most rows a sample can have, queries (keys = false) or keys, and the rows of all samples together
 // (-1: not known from the shapes). As sample_rows (attention_core.h) bounds them.
@@ -47,11 +50,16 @@ HIPDLRM_DEVICE int sample_blocks(const AttentionProblem& p, int b, int tile_rows
   return t < levels ? t : levels;
 }
 
+// Blocks [0, levels): the levels; block `levels`, when there is a check: the offsets check.
 __global__ void __launch_bounds__(kBlock)
     build_schedule_kernel(AttentionProblem p, int tile_rows, bool keys, bool descending, std::int64_t capacity,
-                          int* schedule) {
+                          int* schedule, int levels, OffsetsProblem check, common::DeviceErrorSink errors) {
   __shared__ std::int64_t smem[kBlock / 32];
-  const int levels = static_cast<int>(gridDim.x), level = static_cast<int>(blockIdx.x) + 1;
+  if (static_cast<int>(blockIdx.x) == levels) {
+    offsets_check::check_all(check, errors, smem);
+    return;
+  }
+  const int level = static_cast<int>(blockIdx.x) + 1;
   std::int64_t before = 0, all = 0;  // pairs of the samples with more blocks than `level`; all pairs
   for (int b = static_cast<int>(threadIdx.x); b < p.batch; b += kBlock) {
     const int t = sample_blocks(p, b, tile_rows, keys, levels);
@@ -102,11 +110,14 @@ std::int64_t schedule_workspace_ints(const AttentionProblem& p) {
 }
 
 gpu::status_t build_schedule(const AttentionProblem& p, int tile_rows, bool keys, bool descending,
-                             std::int64_t capacity, int* schedule, gpu::stream_t stream) {
-  const std::int64_t levels = blocks_of(row_bounds(p, keys).per_sample, tile_rows);
-  if (capacity <= 0 || levels <= 0) return gpu::kSuccess;
-  build_schedule_kernel<<<static_cast<unsigned>(levels), kBlock, 0, stream>>>(p, tile_rows, keys, descending, capacity,
-                                                                                  schedule);
+                             std::int64_t capacity, int* schedule, const OffsetsProblem& check,
+                             const common::DeviceErrorSink& errors, gpu::stream_t stream) {
+  std::int64_t levels = blocks_of(row_bounds(p, keys).per_sample, tile_rows);
+  if (capacity <= 0 || levels <= 0) levels = 0;
+  const std::int64_t blocks = levels + (offsets_check::wanted(check, errors) ? 1 : 0);
+  if (blocks == 0) return gpu::kSuccess;
+  build_schedule_kernel<<<static_cast<unsigned>(blocks), kBlock, 0, stream>>>(
+      p, tile_rows, keys, descending, capacity, schedule, static_cast<int>(levels), check, errors);
   return gpu::last_launch_status();
 }
 

@@ -4,8 +4,9 @@
 // (kernels/attention/attention_api.h). fp32 and fp64 inputs, other head dims, and calls with attention
 // dropout take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation nor other head dims, and the
 // composite path is the reference the kernels are tested against. Neither path reads a value on the
-// host: each call enqueues validate_offsets, which records the first invalid offset or num_targets value
-// in the device error record (raised as a RuntimeError by a later hipdlrm call or hipdlrm.synchronize()),
+// host: each call checks the offsets on the device (in the tile schedule's launch on the kernel path,
+// validate_offsets elsewhere), which records the first invalid offset or num_targets value in the device
+// error record (raised as a RuntimeError by a later hipdlrm call or hipdlrm.synchronize()),
 // and the kernels and the composite path clamp every sequence into bounds.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -84,10 +85,9 @@ std::string format_error(const common::DeviceError& e) {
 const bool kFormatterRegistered =
     (common::register_error_formatter(common::ErrorOp::kHstuMha, &format_error), true);
 
-// Enqueues the device-side check of seq_offsets and num_targets (long, contiguous).
-void validate_values(const HstuOptions& o, const HstuLayout& layout, const at::Tensor& seq_offsets,
-                     const at::Tensor& num_targets, const common::DeviceErrorSink& sink, gpu::stream_t stream,
-                     const char* op) {
+// The device-side check of seq_offsets and num_targets (long, contiguous).
+ka::OffsetsProblem offsets_problem(const HstuOptions& o, const HstuLayout& layout, const at::Tensor& seq_offsets,
+                                   const at::Tensor& num_targets) {
   ka::OffsetsProblem v;
   v.op = common::ErrorOp::kHstuMha;
   v.q_offsets = seq_offsets.data_ptr<std::int64_t>();
@@ -95,7 +95,16 @@ void validate_values(const HstuOptions& o, const HstuLayout& layout, const at::T
   v.q_rows = layout.tokens;
   v.q_max = static_cast<int>(o.max_seq_len);
   v.num_targets = num_targets.defined() ? num_targets.data_ptr<std::int64_t>() : nullptr;
-  check_status(ka::validate_offsets(v, sink, stream), op, "offsets check launch");
+  return v;
+}
+
+// Enqueues the check on its own (the calls that launch no kernel; the kernels' launchers run it with their
+// tile schedule).
+void validate_values(const HstuOptions& o, const HstuLayout& layout, const at::Tensor& seq_offsets,
+                     const at::Tensor& num_targets, const common::DeviceErrorSink& sink, gpu::stream_t stream,
+                     const char* op) {
+  check_status(ka::validate_offsets(offsets_problem(o, layout, seq_offsets, num_targets), sink, stream), op,
+               "offsets check launch");
 }
 
 at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor& q, const at::Tensor& k,
@@ -134,7 +143,8 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
   args.p = make_problem(q, o, layout, storage);
   const LaunchInputs inputs(args.p, q, k, v);
   inputs.bind(args, out);
-  validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
+  args.offsets_check = offsets_problem(o, layout, storage.seq_offsets, storage.num_targets);
+  args.errors = sink;
   check_status(ka::hstu_forward(args, launch_options(), stream), op, "forward kernel launch");
   common::end_gpu_call(q.device(), stream, op);
   return out;
@@ -177,7 +187,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
     const LaunchInputs inputs(args.p, q, k, v, grad_out);
     inputs.bind(args, grad_q, grad_k, grad_v, grad_q_accum);
     args.grad_rab = rab_requires_grad ? grad_rab.data_ptr<float>() : nullptr;
-    validate_values(o, layout, storage.seq_offsets, storage.num_targets, sink, stream, op);
+    args.offsets_check = offsets_problem(o, layout, storage.seq_offsets, storage.num_targets);
+    args.errors = sink;
     check_status(ka::hstu_backward(args, launch_options(), stream), op, "backward kernel launch");
   } else {
     validate_values(o, layout, o.seq_offsets.to(at::kLong).contiguous(),

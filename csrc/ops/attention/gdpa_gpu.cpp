@@ -4,8 +4,9 @@
 // (kernels/attention/attention_api.h, gdpa_forward / gdpa_backward). fp32 and fp64 inputs, and other head
 // dims, take the composite path of gdpa.cpp on the device: the kernels have no fp32 instantiation nor
 // other head dims, and the composite path is the reference the kernels are tested against. Neither path
-// reads a value on the host: each call enqueues validate_offsets, which records the first invalid
-// query_offset or key_offset value in the device error record (raised as a RuntimeError by a later hipdlrm
+// reads a value on the host: each call checks the offsets on the device (in the tile schedule's launch on
+// the kernel path, validate_offsets elsewhere), which records the first invalid query_offset or key_offset
+// value in the device error record (raised as a RuntimeError by a later hipdlrm
 // call or hipdlrm.synchronize()), and the kernels and the composite path clamp every sample into bounds.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -95,10 +96,9 @@ std::string format_error(const common::DeviceError& e) {
 
 const bool kFormatterRegistered = (common::register_error_formatter(common::ErrorOp::kGdpa, &format_error), true);
 
-// Enqueues the device-side check of both offsets tensors (long, contiguous).
-void validate_values(const GdpaOptions& o, const GdpaLayout& layout, const at::Tensor& query_offset,
-                     const at::Tensor& key_offset, const common::DeviceErrorSink& sink, gpu::stream_t stream,
-                     const char* op) {
+// The device-side check of both offsets tensors (long, contiguous).
+ka::OffsetsProblem offsets_problem(const GdpaOptions& o, const GdpaLayout& layout, const at::Tensor& query_offset,
+                                   const at::Tensor& key_offset) {
   ka::OffsetsProblem v;
   v.op = common::ErrorOp::kGdpa;
   v.q_offsets = query_offset.data_ptr<std::int64_t>();
@@ -109,7 +109,16 @@ void validate_values(const GdpaOptions& o, const GdpaLayout& layout, const at::T
   v.kv_sequences = static_cast<int>(layout.batch);
   v.kv_rows = layout.kv_tokens;
   v.kv_max = static_cast<int>(o.max_seq_len_kv);
-  check_status(ka::validate_offsets(v, sink, stream), op, "offsets check launch");
+  return v;
+}
+
+// Enqueues the check on its own (the composite path; the kernels' launchers run it with their tile
+// schedule).
+void validate_values(const GdpaOptions& o, const GdpaLayout& layout, const at::Tensor& query_offset,
+                     const at::Tensor& key_offset, const common::DeviceErrorSink& sink, gpu::stream_t stream,
+                     const char* op) {
+  check_status(ka::validate_offsets(offsets_problem(o, layout, query_offset, key_offset), sink, stream), op,
+               "offsets check launch");
 }
 
 // No output element has a valid key: no kernel launch (the composite path allocates the zeros).
@@ -142,7 +151,8 @@ at::Tensor forward_gpu(const at::Tensor& query, const at::Tensor& key, const at:
   args.p = make_problem(query, o, layout, storage);
   const LaunchInputs inputs(args.p, query, key, value);
   inputs.bind(args, out);
-  validate_values(o, layout, storage.query_offset, storage.key_offset, sink, stream, op);
+  args.offsets_check = offsets_problem(o, layout, storage.query_offset, storage.key_offset);
+  args.errors = sink;
   check_status(ka::gdpa_forward(args, launch_options(), stream), op, "forward kernel launch");
   common::end_gpu_call(query.device(), stream, op);
   return out;
@@ -180,7 +190,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_gpu(
   args.p = make_problem(query, o, layout, storage);
   const LaunchInputs inputs(args.p, query, key, value, grad_out);
   inputs.bind(args, grad_q, grad_k, grad_v, grad_q_accum);
-  validate_values(o, layout, storage.query_offset, storage.key_offset, sink, stream, op);
+  args.offsets_check = offsets_problem(o, layout, storage.query_offset, storage.key_offset);
+  args.errors = sink;
   check_status(ka::gdpa_backward(args, launch_options(), stream), op, "backward kernel launch");
   common::end_gpu_call(query.device(), stream, op);
   return {grad_q, grad_k, grad_v};

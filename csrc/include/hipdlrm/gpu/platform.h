@@ -191,17 +191,6 @@ inline int device_multiprocessors(int device) { return cached_device_attribute<q
 // 10 * major + minor (90 for H100 / H200); 0 if the query failed.
 inline int device_compute_capability(int device) { return cached_device_attribute<query_compute_capability>(device); }
 
-// Lets `kernel` use `bytes` of dynamic shared memory (beyond the 48 KB default on NVIDIA).
-template <typename Kernel>
-inline status_t allow_dynamic_smem(Kernel kernel, std::size_t bytes) {
-#if defined(HIPDLRM_PLATFORM_HIP)
-  return hipFuncSetAttribute(reinterpret_cast<const void*>(kernel), hipFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(bytes));
-#else
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-#endif
-}
-
 inline int current_device() {
   int d = 0;
 #if defined(HIPDLRM_PLATFORM_HIP)
@@ -210,6 +199,26 @@ inline int current_device() {
   if (cudaGetDevice(&d) != cudaSuccess) d = 0;
 #endif
   return d;
+}
+
+// Lets `Kernel` use `bytes` of dynamic shared memory (beyond the 48 KB default on NVIDIA) on the current
+// device. The attribute stays set, so it is set once per device and kernel: a runtime call on every launch
+// would be host time per op call. Each kernel asks for one size (its constexpr shared-memory bytes).
+template <auto Kernel>
+inline status_t allow_dynamic_smem(std::size_t bytes) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<bool> done[kCachedDevices];
+  const int device = current_device();
+  const bool cached = device >= 0 && device < kCachedDevices;
+  if (cached && done[device].load(std::memory_order_acquire)) return kSuccess;
+#if defined(HIPDLRM_PLATFORM_HIP)
+  const status_t st = hipFuncSetAttribute(reinterpret_cast<const void*>(Kernel),
+                                          hipFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+#else
+  const status_t st = cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+#endif
+  if (cached && st == kSuccess) done[device].store(true, std::memory_order_release);
+  return st;
 }
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(__HIP__)
