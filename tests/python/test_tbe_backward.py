@@ -1403,13 +1403,13 @@ def test_gpu_raw_op_gradient_has_no_host_sync():
     results = []
     for device in ("cpu", "cuda"):
         weights = module.weights.detach().to(device).requires_grad_(True)
-        psw_in = psw.to(device).requires_grad_(True)
+        psw_in = psw.detach().clone().to(device).requires_grad_(True)  # a leaf on each device
         args = [t.to(device) for t in (module.weights_offsets, module.D_offsets, module.rows_per_table)]
         idx, off, upstream_grad = indices.to(device), offsets.to(device), grad.to(device)
         run = lambda: torch.ops.hipdlrm.tbe_forward(  # noqa: E731
             weights, *args, module.total_D, module.max_D, idx, off, int(module.pooling_mode), psw_in, torch.float32)
         if device == "cuda":
-            run().sum().backward()  # the first call on the device may set up
+            (run() * upstream_grad).sum().backward()  # the first step on the device may set up
             weights.grad, psw_in.grad = None, None
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
