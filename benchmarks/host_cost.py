@@ -8,6 +8,9 @@ before the host issues the next one, and reports per call:
   host us   (time until the 200th call returns) / 200: what the calling thread spends per call; a call
             that waits for the device (a host synchronisation) shows here as device time
   wall us   (time until the device has finished all 200) / 200
+  host / plain   the median over the repeats of hipdlrm's host time over the plain composite's, each
+            ratio from two measurements taken back to back (the sides alternate which goes first), so
+            that the host's drift between repeats cancels; min and max show the spread
 
 Pairs (hipdlrm, then the composite it replaces; same inputs, same device):
   bounds_check  hipdlrm.bounds_check_indices, WARNING mode   | the plain check: mask, count, masked_fill_
@@ -26,6 +29,7 @@ closest library kernel, not HSTU's SiLU: their cost, not their values, is the an
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -130,24 +134,38 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default=None, help="default: cuda if available, else cpu")
     p.add_argument("--calls", type=int, default=200, help="back-to-back calls per measurement")
-    p.add_argument("--repeats", type=int, default=5, help="measurements per op; the median is reported")
+    p.add_argument("--repeats", type=int, default=9,
+                   help="measurements per op and side, the two sides interleaved; the medians are reported")
     p.add_argument("--out", default=None, help="results JSON path (default benchmarks/results/...)")
     args = p.parse_args(argv)
     device = common.resolve_device(args.device)
+    ops = pairs(device)
+    sides = ("hipdlrm", "plain PyTorch")
+    samples: Dict[str, Dict[str, List[Tuple[float, float]]]] = {name: {v: [] for v in sides} for name in ops}
+    ratios: Dict[str, List[float]] = {name: [] for name in ops}
+    # Repeat r measures every op's two sides back to back, hipdlrm first on even r, plain first on odd r:
+    # a drift of the host's speed (clock, other tenants) falls on both sides of each ratio alike.
+    for r in range(args.repeats):
+        for name, (ours, theirs) in ops.items():
+            order = list(zip(sides, (ours, theirs)))
+            with torch.set_grad_enabled(name == "tbe_step"):
+                for variant, fn in (order if r % 2 == 0 else order[::-1]):
+                    samples[name][variant].append(host_and_wall_us(fn, args.calls, device))
+            ratios[name].append(samples[name]["hipdlrm"][-1][0] / samples[name]["plain PyTorch"][-1][0])
+        print(f"repeat {r + 1}/{args.repeats} done", file=sys.stderr, flush=True)
     rows: List[dict] = []
-    for name, (ours, theirs) in pairs(device).items():
-        for variant, fn in (("hipdlrm", ours), ("plain PyTorch", theirs)):
-            grad_needed = name == "tbe_step"
-            with torch.set_grad_enabled(grad_needed):
-                samples = sorted(host_and_wall_us(fn, args.calls, device) for _ in range(args.repeats))
-            host, wall = samples[len(samples) // 2]
+    for name in ops:
+        for variant in sides:
+            host = statistics.median(h for h, _ in samples[name][variant])
+            wall = statistics.median(w for _, w in samples[name][variant])
             rows.append({"op": name, "variant": variant, "host_us": host, "wall_us": wall})
-        ratio = rows[-2]["host_us"] / rows[-1]["host_us"]
-        rows[-2]["host_x_plain"] = ratio
-        print(f"{name}: done", file=sys.stderr, flush=True)
+        r = sorted(ratios[name])
+        rows[-2].update(host_x_plain=statistics.median(r), host_x_plain_min=r[0], host_x_plain_max=r[-1])
     common.print_table(rows, [("op", "op"), ("variant", "variant"), ("host_us", "host us", ".1f"),
-                              ("wall_us", "wall us", ".1f"), ("host_x_plain", "host / plain", ".2f")])
-    return common.finish_run("host_cost", rows, {"config": {"calls": args.calls, "repeats": args.repeats}},
+                              ("wall_us", "wall us", ".1f"), ("host_x_plain", "host / plain", ".2f"),
+                              ("host_x_plain_min", "min", ".2f"), ("host_x_plain_max", "max", ".2f")])
+    return common.finish_run("host_cost", rows, {"config": {"calls": args.calls, "repeats": args.repeats,
+                                                            "interleaved": True}},
                              device=device, out=args.out)
 
 

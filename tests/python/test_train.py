@@ -136,11 +136,14 @@ def test_hstu_data_is_seeded_and_well_formed():
 
 # ----------------------------------------------------------------------------------------------- plain parts
 
-def test_rowwise_adagrad_matches_its_formula():
+@pytest.mark.parametrize("capturable", [False, True])
+def test_rowwise_adagrad_matches_its_formula(capturable):
+    """Both forms (coalesce(); the capturable sort and segment sum, which keeps one entry per lookup) give
+    the formula's weights and state, with rows looked up several times in a step."""
     torch.manual_seed(0)
     w0 = torch.randn(6, 4, dtype=torch.float64)
     bag = torch.nn.EmbeddingBag.from_pretrained(w0.clone(), freeze=False, mode="sum", sparse=True)
-    opt = models.RowwiseAdagrad([bag.weight], lr=0.3, eps=1e-3)
+    opt = models.RowwiseAdagrad([bag.weight], lr=0.3, eps=1e-3, capturable=capturable)
     state = torch.zeros(6, dtype=torch.float64)
     w = w0.clone()
     for step in range(3):
@@ -542,8 +545,38 @@ def test_no_plot_and_no_progress_need_neither_package(tmp_path, monkeypatch, cap
 
 def test_cuda_graph_flag_rules(capsys):
     assert "--cuda-graph applies to GPU runs only" in _error_of(DLRM_FLAGS + ["--cuda-graph"], capsys)
-    assert "--graph-buckets applies to --cuda-graph with --model hstu" in \
+    assert "--eager-and-graphed applies to GPU runs only" in _error_of(DLRM_FLAGS + ["--eager-and-graphed"], capsys)
+    assert "--graph-buckets applies to --cuda-graph or --eager-and-graphed with --model hstu" in \
         _error_of(DLRM_FLAGS + ["--graph-buckets", "4"], capsys)
+    gpu = ["--device", "cuda"] if HAS_GPU else []
+    if HAS_GPU:
+        assert "drop --cuda-graph" in _error_of(gpu + ["--cuda-graph", "--eager-and-graphed"], capsys)
+        assert "--eager-and-graphed does not combine with --save" in \
+            _error_of(gpu + ["--eager-and-graphed", "--save", "x.pt"], capsys)
+
+
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("model", ["dlrm", "hstu"])
+def test_gpu_eager_and_graphed_run(model, tmp_path, capsys):
+    """--eager-and-graphed with --baseline torch: four runs (hipdlrm and plain PyTorch, each eager and
+    graphed) in one summary with each backend's graphed / eager throughput, the graphed runs training as
+    the eager ones (losses within the agreement tolerance), and the run exits 0."""
+    flags = ["--device", "cuda", "--model", model, "--steps", "12", "--baseline", "torch", "--no-plot",
+             "--progress", "off", "--out", str(tmp_path), "--eager-and-graphed"]
+    flags += ["--batch-size", "64", "--rows-scale", "0.0001"] if model == "dlrm" else ["--graph-buckets", "2"]
+    assert T.main(flags) == 0
+    summary = _summary(tmp_path)
+    assert set(summary["runs"]) == {"hipdlrm", "torch", "hipdlrm+graph", "torch+graph"}
+    assert set(summary["graphs"]) == {"hipdlrm", "torch"}
+    tol = summary["comparison"]["tolerance"]
+    for name, g in summary["graphs"].items():
+        assert g["graphed_x_eager"] > 0 and g["graphed_examples_per_s"] > 0
+        assert g["max_smoothed_loss_diff"] <= tol, (name, g)
+        assert len(summary["runs"][name + "+graph"]["loss"]) == 12
+    assert summary["comparison"]["graphed_throughput_ratio"] > 0
+    out = capsys.readouterr().out
+    assert "CUDA graph, plain PyTorch:" in out and "both graphed" in out
+    hipdlrm.synchronize()
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (torch.cuda.is_available() is False)")
@@ -602,9 +635,10 @@ def test_hstu_buckets_pad_to_fixed_shapes_and_train_as_the_batch():
     assert padded_some
 
 
-def _graphed_vs_eager(monkeypatch, flags):
+def _graphed_vs_eager(monkeypatch, flags, backend="hipdlrm"):
     """(eager run, eager run again, graphed run) of the example on the GPU, all through GraphedStep's batch
-    preparation (the eager ones never leave its warm-up) and Adam's capturable form: the same arithmetic."""
+    preparation (the eager ones never leave its warm-up) and the optimizers' capturable forms: the same
+    arithmetic."""
     device = torch.device("cuda")
     make_optimizers = T.make_optimizers
     monkeypatch.setattr(T, "make_optimizers", lambda args, model, capturable=False: make_optimizers(args, model, True))
@@ -613,7 +647,7 @@ def _graphed_vs_eager(monkeypatch, flags):
     for warmup in (10**9, 10**9, 3):
         monkeypatch.setattr(T, "GraphedStep", lambda *a, warmup=warmup, **kw: graphed_step(*a, warmup=warmup, **kw))
         args = T.parse_args(flags + ["--cuda-graph", "--save", "unused"])
-        runs.append(T.train_backend(args, "hipdlrm", device, T.make_data(args, device), None, 0))
+        runs.append(T.train_backend(args, backend, device, T.make_data(args, device), None, 0, graphed=True))
     hipdlrm.synchronize()
     return runs
 
@@ -656,6 +690,25 @@ def test_gpu_cuda_graph_hstu_training_matches_eager(monkeypatch):
     eager, again, graph = _graphed_vs_eager(monkeypatch, flags + ["--graph-buckets", str(count)])
     assert len(graph.history.loss) == 8
     losses = [torch.tensor(r.history.loss) for r in (graph, eager, again)]
+    torch.testing.assert_close(losses[0][:4], losses[1][:4], rtol=1e-3, atol=1e-5)  # warm-up, first replay
+    _assert_within_noise("losses", *losses)
+    for key, value in eager.checkpoint_state["model"].items():
+        _assert_within_noise(key, graph.checkpoint_state["model"][key], value, again.checkpoint_state["model"][key])
+
+
+@requires_hstu
+@pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (torch.cuda.is_available() is False)")
+@pytest.mark.parametrize("model", ["dlrm", "hstu"])
+def test_gpu_cuda_graph_plain_torch_training_matches_eager(monkeypatch, model):
+    """The plain-PyTorch models captured and replayed (--eager-and-graphed's baseline: nn.EmbeddingBag /
+    nn.Embedding with sparse gradients, the capturable RowwiseAdagrad, capturable Adam; HSTU's padded
+    attention over the bucket-padded batches) train as the same steps run eagerly: within 10x the
+    distance of two eager runs (index_add's atomics reorder sums), and the first replayed loss eager's."""
+    flags = ["--device", "cuda", "--model", model, "--steps", "8"]
+    flags += ["--batch-size", "64", "--rows-scale", "0.0001"] if model == "dlrm" else ["--graph-buckets", "2"]
+    eager, again, graph = _graphed_vs_eager(monkeypatch, flags, backend="torch")
+    losses = [torch.tensor(r.history.loss) for r in (graph, eager, again)]
+    assert len(losses[0]) == 8
     torch.testing.assert_close(losses[0][:4], losses[1][:4], rtol=1e-3, atol=1e-5)  # warm-up, first replay
     _assert_within_noise("losses", *losses)
     for key, value in eager.checkpoint_state["model"].items():

@@ -86,10 +86,16 @@ class RowwiseAdagrad(torch.optim.Optimizer):
     Per table row r touched in the step, with g the sum of its gradients (fp32):
     ``state[r] += mean(g^2)``, ``w[r] -= lr * g / (sqrt(state[r]) + eps)`` -- the update hipdlrm's
     EXACT_ROWWISE_ADAGRAD fuses into the TBE backward. Untouched rows do not change.
+
+    ``capturable`` (as torch.optim's flag): the step reads nothing on the host, so that it can run inside a
+    CUDA graph. ``coalesce()`` cannot (the number of distinct rows is read back to size its output), so the
+    capturable step sorts the gradient's rows instead and keeps one entry per lookup: each lookup carries
+    the sum over its row's lookups (a segment sum over the sorted rows) and writes its row's new state and
+    weight with a plain indexed store, which every lookup of that row makes with the same value.
     """
 
-    def __init__(self, params, lr: float, eps: float) -> None:
-        super().__init__(params, dict(lr=lr, eps=eps))
+    def __init__(self, params, lr: float, eps: float, capturable: bool = False) -> None:
+        super().__init__(params, dict(lr=lr, eps=eps, capturable=capturable))
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -99,17 +105,35 @@ class RowwiseAdagrad(torch.optim.Optimizer):
                     continue
                 if not w.grad.is_sparse:
                     raise RuntimeError("RowwiseAdagrad expects sparse gradients (nn.EmbeddingBag(sparse=True))")
-                grad = w.grad.coalesce()
-                rows, values = grad.indices()[0], grad.values()
                 state = self.state[w]
                 if "sum" not in state:
                     # fp32 (or the weights' dtype when wider), as the TBE keeps its state
                     state["sum"] = torch.zeros(w.shape[0], dtype=torch.promote_types(w.dtype, torch.float32),
                                                device=w.device)
-                acc = state["sum"]
-                acc.index_add_(0, rows, values.pow(2).mean(1))
-                scale = acc.index_select(0, rows).sqrt_().add_(group["eps"]).reciprocal_().mul_(-group["lr"])
-                w.index_add_(0, rows, values * scale.unsqueeze(1))
+                update = self._capturable_update if group["capturable"] else self._update
+                update(w, state["sum"], w.grad, group["lr"], group["eps"])
+
+    @staticmethod
+    def _update(w: torch.Tensor, acc: torch.Tensor, grad: torch.Tensor, lr: float, eps: float) -> None:
+        grad = grad.coalesce()
+        rows, values = grad.indices()[0], grad.values()
+        acc.index_add_(0, rows, values.pow(2).mean(1))
+        scale = acc.index_select(0, rows).sqrt_().add_(eps).reciprocal_().mul_(-lr)
+        w.index_add_(0, rows, values * scale.unsqueeze(1))
+
+    @staticmethod
+    def _capturable_update(w: torch.Tensor, acc: torch.Tensor, grad: torch.Tensor, lr: float, eps: float) -> None:
+        rows, values = grad._indices()[0], grad._values()
+        rows, order = torch.sort(rows)
+        starts = torch.ones_like(rows, dtype=torch.bool)
+        starts[1:] = rows[1:] != rows[:-1]
+        segment = torch.cumsum(starts, 0) - 1                      # each lookup's distinct row, 0, 1, ...
+        sums = torch.zeros_like(values).index_add_(0, segment, values.index_select(0, order))
+        g = sums.index_select(0, segment).to(acc.dtype)            # per lookup: its row's summed gradient
+        new_acc = acc.index_select(0, rows) + g.pow(2).mean(1)
+        acc.index_put_((rows,), new_acc)
+        step = g * new_acc.sqrt().add_(eps).reciprocal_().mul_(-lr).unsqueeze(1)
+        w.index_put_((rows,), w.index_select(0, rows) + step.to(w.dtype))
 
 
 # The embedding part of each backend: a module with forward (the lookups), sparse_optimizer(lr, eps)
@@ -136,7 +160,7 @@ class _HipdlrmTables(nn.Module):
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         return self.tbe(indices, offsets)
 
-    def sparse_optimizer(self, lr: float, eps: float) -> Optional[torch.optim.Optimizer]:
+    def sparse_optimizer(self, lr: float, eps: float, capturable: bool = False) -> Optional[torch.optim.Optimizer]:
         return None
 
     def tables(self) -> List[torch.Tensor]:
@@ -152,8 +176,8 @@ class _TorchBagTables(nn.Module):
             nn.EmbeddingBag.from_pretrained(torch.empty(r, dim, device=device), freeze=False, mode="sum", sparse=True)
             for r in rows)
 
-    def sparse_optimizer(self, lr: float, eps: float) -> Optional[torch.optim.Optimizer]:
-        return RowwiseAdagrad([bag.weight for bag in self.bags], lr=lr, eps=eps)
+    def sparse_optimizer(self, lr: float, eps: float, capturable: bool = False) -> Optional[torch.optim.Optimizer]:
+        return RowwiseAdagrad([bag.weight for bag in self.bags], lr=lr, eps=eps, capturable=capturable)
 
     def tables(self) -> List[torch.Tensor]:
         return [bag.weight.detach() for bag in self.bags]
@@ -183,7 +207,7 @@ class _TorchrecTables(nn.Module):
                     for t, (r, key) in enumerate(zip(rows, self.keys))],
             device=torch.device("meta"))
 
-    def sparse_optimizer(self, lr: float, eps: float) -> Optional[torch.optim.Optimizer]:
+    def sparse_optimizer(self, lr: float, eps: float, capturable: bool = False) -> Optional[torch.optim.Optimizer]:
         return None
 
     def forward(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
@@ -204,8 +228,8 @@ class _TorchItemTable(nn.Module):
         super().__init__()
         self.emb = nn.Embedding.from_pretrained(torch.empty(num_items, dim, device=device), freeze=False, sparse=True)
 
-    def sparse_optimizer(self, lr: float, eps: float) -> Optional[torch.optim.Optimizer]:
-        return RowwiseAdagrad([self.emb.weight], lr=lr, eps=eps)
+    def sparse_optimizer(self, lr: float, eps: float, capturable: bool = False) -> Optional[torch.optim.Optimizer]:
+        return RowwiseAdagrad([self.emb.weight], lr=lr, eps=eps, capturable=capturable)
 
     def tables(self) -> List[torch.Tensor]:
         return [self.emb.weight.detach()]

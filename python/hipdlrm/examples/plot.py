@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-# Run styles in order (hipdlrm, the baseline, the noise-floor run): blue and orange stay apart under the
+# Run styles in order (hipdlrm, the baseline, the noise-floor run, then --eager-and-graphed's graphed hipdlrm
+# and baseline runs in lighter shades of their eager runs' colours): blue and orange stay apart under the
 # common colour-vision deficiencies, and the line styles tell every curve apart in greyscale too.
-RUN_STYLES = (("#1f5fa8", "-"), ("#e07b00", "--"), ("#3b9e4a", ":"))
+RUN_STYLES = (("#1f5fa8", "-"), ("#e07b00", "--"), ("#3b9e4a", ":"), ("#74a9e0", "-."), ("#f5b461", (0, (5, 1, 1, 1))))
 DIFF_COLOR = "#6a3d9a"
 FLOOR_COLOR = "#7f7f7f"
 TOLERANCE_COLOR = "#c62828"
@@ -43,6 +44,7 @@ class Run:
     loss_smoothed: Sequence[float]      # its trailing moving average
     rate_steps: Sequence[int]           # the steps the throughput is given for (after the warm-up)
     rate: Sequence[float]               # examples/s, a moving average
+    style: Optional[int] = None         # index into RUN_STYLES [default: the run's position]
 
 
 @dataclass
@@ -104,7 +106,8 @@ def write_training_plot(path: Path, title: str, runs: Sequence[Run], rate_unit: 
     axes = fig.subplots(panels, 1, sharex=True, gridspec_kw={"height_ratios": ratios})
     loss_ax, rate_ax = axes[0], axes[-1]
 
-    for run, (color, ls) in zip(runs, RUN_STYLES):
+    for i, run in enumerate(runs):
+        color, ls = RUN_STYLES[(i if run.style is None else run.style) % len(RUN_STYLES)]
         steps = range(len(run.loss))
         loss_ax.plot(steps, run.loss, color=color, lw=0.8, alpha=0.25)
         loss_ax.plot(steps, run.loss_smoothed, color=color, lw=2.0, ls=ls, label=run.label)

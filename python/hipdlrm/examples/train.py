@@ -165,8 +165,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "dense layers, Adam) in a CUDA graph and replay it for every later step. DLRM: one graph; "
                         "HSTU: one per token bucket (--graph-buckets), each batch padded to its bucket "
                         "(the baseline, if any, stays eager)")
+    p.add_argument("--eager-and-graphed", action="store_true",
+                   help="GPU runs: train every model twice from the same weights and data, eagerly and with "
+                        "--cuda-graph's graphed step (the plain-PyTorch baseline too, its row-wise Adagrad in a "
+                        "form without host reads), and report each one's graphed / eager throughput; every run "
+                        "then uses the capturable optimizers, so the two differ by the graph alone")
     p.add_argument("--graph-buckets", type=_positive_int, default=None,
-                   help="--cuda-graph with --model hstu: token-count buckets between the fewest and the most "
+                   help="--cuda-graph (or --eager-and-graphed) with --model hstu: token-count buckets between the fewest and the most "
                         "tokens a batch can have; a batch is padded to its bucket's capacity (at most "
                         "1/N of that range) and replays that bucket's graph [default: 8]")
     p.add_argument("--gpu-busy", type=_nonnegative_int, default=0, metavar="N",
@@ -265,16 +270,24 @@ def resolve_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> a
         args.attn_dtype = "bfloat16" if device.type == "cuda" else "float32"
     if args.tf32 and device.type != "cuda":
         parser.error("--tf32 applies to GPU runs only")
-    if args.graph_buckets is not None and not (args.cuda_graph and args.model == "hstu"):
-        parser.error("--graph-buckets applies to --cuda-graph with --model hstu")
+    graphs = args.cuda_graph or args.eager_and_graphed
+    if args.graph_buckets is not None and not (graphs and args.model == "hstu"):
+        parser.error("--graph-buckets applies to --cuda-graph or --eager-and-graphed with --model hstu")
     if args.graph_buckets is None:
         args.graph_buckets = 8
-    if args.cuda_graph:
+    if args.cuda_graph and args.eager_and_graphed:
+        parser.error("--eager-and-graphed trains the graphed step besides the eager one already: drop --cuda-graph")
+    for flag, on in (("--cuda-graph", args.cuda_graph), ("--eager-and-graphed", args.eager_and_graphed)):
+        if not on:
+            continue
         if device.type != "cuda":
-            parser.error("--cuda-graph applies to GPU runs only")
+            parser.error(f"{flag} applies to GPU runs only")
         if args.distributed is not None:
-            parser.error("--cuda-graph does not combine with --distributed (TorchRec's input all-to-all "
+            parser.error(f"{flag} does not combine with --distributed (TorchRec's input all-to-all "
                          "reads the batch's lengths on the host)")
+    if args.eager_and_graphed and (args.save is not None or args.resume is not None):
+        parser.error("--eager-and-graphed does not combine with --save / --resume (a checkpoint holds one run "
+                     "per model)")
     if args.noise_floor is None:
         args.noise_floor = (args.size == "production" and args.model == "dlrm" and args.baseline == "torch"
                             and args.save is None and args.resume is None)
@@ -380,6 +393,8 @@ def make_data(args: argparse.Namespace, device: torch.device):
 
 # The --noise-floor run: the plain-PyTorch model fed every bag's lookups in reverse order.
 REORDERED = "torch-rev"
+# --eager-and-graphed: a backend's graphed run is named backend + GRAPHED.
+GRAPHED = "+graph"
 
 
 def reverse_bags(batch: data_mod.DlrmBatch, bag_sizes: Sequence[int]) -> data_mod.DlrmBatch:
@@ -507,10 +522,11 @@ def train_step(model: torch.nn.Module, batch, dense_opt: torch.optim.Optimizer,
 
 
 def make_optimizers(args: argparse.Namespace, model: torch.nn.Module, capturable: bool = False) -> tuple:
-    """(Adam over the dense parameters, the tables' optimizer or None when fused). ``capturable``: Adam
-    keeps its step count on the device, as a captured step needs."""
+    """(Adam over the dense parameters, the tables' optimizer or None when fused). ``capturable``: both
+    read nothing on the host, as a captured step needs (Adam keeps its step count on the device; the
+    plain-PyTorch tables' RowwiseAdagrad does not coalesce)."""
     return (torch.optim.Adam(model.dense_parameters(), lr=args.dense_lr, capturable=capturable),
-            model.embeddings.sparse_optimizer(args.lr, args.eps))
+            model.embeddings.sparse_optimizer(args.lr, args.eps, capturable=capturable))
 
 
 class GraphedStep:
@@ -565,10 +581,14 @@ class GraphedStep:
 
 
 def train_backend(args: argparse.Namespace, backend: str, device: torch.device, data,
-                  resume_state: Optional[Dict[str, Any]], start_step: int) -> RunResult:
-    """Trains one backend's model from its initial weights (or the checkpoint) up to --steps."""
+                  resume_state: Optional[Dict[str, Any]], start_step: int, graphed: Optional[bool] = None,
+                  label: Optional[str] = None) -> RunResult:
+    """Trains one backend's model from its initial weights (or the checkpoint) up to --steps. ``graphed``:
+    through GraphedStep [default: --cuda-graph's choice, the hipdlrm model only]."""
+    if graphed is None:
+        graphed = args.cuda_graph and backend == "hipdlrm"
     model = make_model(args, backend, device)
-    dense_opt, sparse_opt = make_optimizers(args, model, capturable=args.cuda_graph and backend == "hipdlrm")
+    dense_opt, sparse_opt = make_optimizers(args, model, capturable=graphed or args.eager_and_graphed)
     history = History()
     if resume_state is not None:
         model.load_state_dict(resume_state["model"])
@@ -581,9 +601,9 @@ def train_backend(args: argparse.Namespace, backend: str, device: torch.device, 
         batch = data.batch(step)
         return reverse_bags(batch, args.bag_sizes) if backend == REORDERED else batch
 
-    prepare = data_mod.HstuBuckets(data, args.graph_buckets).pad if args.cuda_graph and args.model == "hstu" else None
+    prepare = data_mod.HstuBuckets(data, args.graph_buckets).pad if graphed and args.model == "hstu" else None
     wall_s, peak = _train_loop(args, backend, device, model, dense_opt, sparse_opt, next_batch, history, start_step,
-                               prepare=prepare)
+                               label=label, graphed=graphed, prepare=prepare)
     state = None
     if args.save is not None:
         state = _to_cpu({"model": model.state_dict(), "dense_optimizer": dense_opt.state_dict(),
@@ -617,19 +637,19 @@ def train_distributed(args: argparse.Namespace, env: dist_mod.DistEnv, data) -> 
 def _train_loop(args: argparse.Namespace, backend: str, device: torch.device, model: torch.nn.Module,
                 dense_opt: torch.optim.Optimizer, sparse_opt: Optional[torch.optim.Optimizer], next_batch,
                 history: History, start_step: int, label: Optional[str] = None, progress: Optional[str] = None,
-                reduce_loss=None, ranks: int = 1, prepare: Optional[Callable[[Any], tuple]] = None) -> tuple:
+                reduce_loss=None, ranks: int = 1, graphed: bool = False,
+                prepare: Optional[Callable[[Any], tuple]] = None) -> tuple:
     """Steps start_step..--steps-1 on ``next_batch(step)``, appending to ``history``; returns (wall seconds,
     peak GPU memory in GB or None). ``reduce_loss`` maps this process's loss to the one recorded
     (distributed: the global batch's mean); ``ranks``: the processes that share a step's examples equally;
-    ``prepare``: GraphedStep's (--cuda-graph)."""
+    ``graphed``: every step through GraphedStep, with ``prepare`` its batch preparation."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timer = _StepTimer(device)
     bar = progress_mod.Progress(args.steps, label or f"{args.model} {backend}", start=start_step,
                                 mode=progress or args.progress)
     pending_sizes: List[tuple] = []
-    graphed = GraphedStep(model, dense_opt, sparse_opt, args.amp, prepare=prepare) if args.cuda_graph and \
-        backend == "hipdlrm" else None
+    graphed = GraphedStep(model, dense_opt, sparse_opt, args.amp, prepare=prepare) if graphed else None
     busy = None
     if getattr(args, "gpu_busy", 0) and device.type == "cuda":
         busy = _GpuBusy(min(args.gpu_busy, args.steps - start_step))
@@ -750,6 +770,28 @@ def compare(args: argparse.Namespace, ours: Dict[str, Any], base: Dict[str, Any]
     }
 
 
+def graph_gains(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """--eager-and-graphed: per backend, the graphed run's throughput against the eager run's and how far
+    its loss curve strays from eager's (graph and eager differ in the last bits: atomics, and HSTU's padded
+    batches reduce over more rows)."""
+    out = {}
+    for name in runs:
+        if name.endswith(GRAPHED):
+            continue
+        graphed = runs.get(name + GRAPHED)
+        if graphed is None:
+            continue
+        eager = runs[name]
+        cmp = compare(args, graphed, eager)
+        out[name] = {"eager_examples_per_s": eager["examples_per_s"],
+                     "graphed_examples_per_s": graphed["examples_per_s"],
+                     "graphed_x_eager": cmp["throughput_ratio"],
+                     "eager_step_ms_median": eager["step_ms_median"],
+                     "graphed_step_ms_median": graphed["step_ms_median"],
+                     "max_smoothed_loss_diff": cmp["max_smoothed_loss_diff"]}
+    return out
+
+
 def judge_against_noise_floor(cmp: Dict[str, Any], floor: Dict[str, Any]) -> None:
     """With --noise-floor: the curves also agree when hipdlrm drifts from plain PyTorch no further than plain
     PyTorch drifts from itself with only its summation order changed, measured in the same run. A fixed
@@ -788,7 +830,9 @@ def environment(device: torch.device) -> Dict[str, Any]:
     }
 
 
-RUN_LABELS = {"hipdlrm": "hipdlrm", "torch": "plain PyTorch", REORDERED: "plain PyTorch, bags reversed"}
+RUN_LABELS = {"hipdlrm": "hipdlrm", "torch": "plain PyTorch", REORDERED: "plain PyTorch, bags reversed",
+              "hipdlrm" + GRAPHED: "hipdlrm, CUDA graph", "torch" + GRAPHED: "plain PyTorch, CUDA graph"}
+RUN_STYLE = {"hipdlrm": 0, "torch": 1, REORDERED: 2, "hipdlrm" + GRAPHED: 3, "torch" + GRAPHED: 4}  # plot.RUN_STYLES
 
 
 def write_plot(path: Path, args: argparse.Namespace, runs: Dict[str, Dict[str, Any]],
@@ -803,7 +847,7 @@ def write_plot(path: Path, args: argparse.Namespace, runs: Dict[str, Dict[str, A
         rate = [e / s if s > 0 else float("nan")
                 for e, s in zip(moving_average(examples, w), moving_average(seconds, w))]
         curves.append(plot_mod.Run(RUN_LABELS.get(name, name), run["loss"], moving_average(run["loss"], w),
-                                   list(range(first, first + len(rate))), rate))
+                                   list(range(first, first + len(rate))), rate, RUN_STYLE.get(name)))
     difference = None
     cmp = summary.get("comparison")
     if cmp is not None:
@@ -920,9 +964,14 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, env: Option
         if not is_main:
             return 0
     else:
-        for backend in backends:
+        # (run name, backend, graphed: None leaves it to --cuda-graph)
+        plan = [(backend, backend, False if args.eager_and_graphed else None) for backend in backends]
+        if args.eager_and_graphed:
+            plan += [(backend + GRAPHED, backend, True) for backend in backends if backend != REORDERED]
+        for name, backend, graphed in plan:
             state = checkpoint["backends"][backend] if checkpoint is not None else None
-            results[backend] = train_backend(args, backend, device, data, state, start_step)
+            results[name] = train_backend(args, backend, device, data, state, start_step, graphed=graphed,
+                                          label=f"{args.model} {name}")
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -981,6 +1030,16 @@ def _main(parser: argparse.ArgumentParser, args: argparse.Namespace, env: Option
         if cmp["throughput_ratio"] is not None:
             print(f"throughput hipdlrm / torch: {cmp['throughput_ratio']:.2f}x")
         status = 0 if cmp.get("agree_within_noise_floor", cmp["agree"]) else 1
+    if args.eager_and_graphed:
+        summary["graphs"] = graph_gains(args, runs)
+        for name, g in summary["graphs"].items():
+            print(f"CUDA graph, {RUN_LABELS[name]}: {g['graphed_x_eager']:.2f}x eager throughput (median step "
+                  f"{g['graphed_step_ms_median']:.2f} ms graphed, {g['eager_step_ms_median']:.2f} ms eager); "
+                  f"loss moving averages within {g['max_smoothed_loss_diff']:.2g} of eager's")
+        if args.baseline and runs["torch" + GRAPHED]["examples_per_s"]:
+            ratio = runs["hipdlrm" + GRAPHED]["examples_per_s"] / runs["torch" + GRAPHED]["examples_per_s"]
+            summary["comparison"]["graphed_throughput_ratio"] = ratio
+            print(f"throughput hipdlrm / torch, both graphed: {ratio:.2f}x")
 
     plot_path = None if args.no_plot else write_plot(out_dir / "training.png", args, runs, summary)
     summary["plot"] = None if plot_path is None else str(plot_path)
