@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(bounds check, TBE forward and fused-optimizer backward, grouped index select, attention, "
                         "dense layers, Adam) in a CUDA graph and replay it for every later step. DLRM: one graph; "
                         "HSTU: one per token bucket (--graph-buckets), each batch padded to its bucket "
-                        "(the baseline, if any, stays eager)")
+                        "(the baseline, if any, stays eager; --eager-and-graphed graphs it too)")
     p.add_argument("--eager-and-graphed", action="store_true",
                    help="GPU runs: train every model twice from the same weights and data, eagerly and with "
                         "--cuda-graph's graphed step (the plain-PyTorch baseline too, its row-wise Adagrad in a "
