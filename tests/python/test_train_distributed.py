@@ -118,7 +118,7 @@ class _ColumnHalves(nn.Module):
         lengths = torch.cat(lengths)
         return self.tbe(torch.cat(ids), torch.cat([lengths.new_zeros(1), lengths.cumsum(0)]))
 
-    def sparse_optimizer(self, lr: float, eps: float):
+    def sparse_optimizer(self, lr: float, eps: float, capturable: bool = False):
         return None
 
     def tables(self):

@@ -136,9 +136,10 @@ class RowwiseAdagrad(torch.optim.Optimizer):
         w.index_put_((rows,), w.index_select(0, rows) + step.to(w.dtype))
 
 
-# The embedding part of each backend: a module with forward (the lookups), sparse_optimizer(lr, eps)
-# (the tables' optimizer, None when it is fused into the backward) and tables() (one [rows, dim] tensor per
-# table, sharing storage with the weights).
+# The embedding part of each backend: a module with forward (the lookups), sparse_optimizer(lr, eps,
+# capturable=False) (the tables' optimizer, None when it is fused into the backward; capturable: one that
+# reads nothing on the host, for a CUDA graph) and tables() (one [rows, dim] tensor per table, sharing
+# storage with the weights).
 
 
 class _HipdlrmTables(nn.Module):

@@ -912,7 +912,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _main(parser, args)
     env = dist_mod.init_process_group(torch.device(args.device))
     try:
-        return _main(parser, args, env)
+        status = _main(parser, args, env)
+        # The ranks leave together, the sharded model's references to the group dropped first: rank 1 once
+        # aborted at exit ("terminate called without an active exception") after tearing its end of the
+        # gloo group down while rank 0 was still writing the report.
+        gc.collect()
+        dist.barrier()
+        return status
     finally:
         dist.destroy_process_group()
 
