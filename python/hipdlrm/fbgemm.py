@@ -382,9 +382,10 @@ class _VBELayout:
     The lookup runs on T x max_B bags, max_B = max_f sum_r B[f][r]: slot b of feature f is the feature's
     b-th bag (its ranks' bags in order) for b < B_f, an empty bag after that. ``offsets_map`` picks, for
     each of the T * max_B + 1 padded offsets, the VBE offset it equals (an empty slot repeats the feature's
-    end), so the padded offsets are one gather of the caller's. ``output_map`` gives, for each element of
-    FBGEMM's VBE output (rank-major, then feature: block (r, f) holds B[f][r] x D_f values), its position
-    in the flattened ``[max_B, total_D]`` padded output (no two share one)."""
+    end), so the padded offsets are one gather of the caller's. ``bag_starts`` gives, for each of the
+    T * max_B slots, where its bag's D_f values start in FBGEMM's VBE output (rank-major, then feature:
+    block (r, f) holds B[f][r] x D_f values, bag-major), -1 for an empty slot: the lookup writes (and its
+    backward reads) that layout directly (tbe_forward's vbe_bag_starts)."""
 
     def __init__(self, batch_sizes: Tuple[Tuple[int, ...], ...], dims: List[int], device: torch.device) -> None:
         T, R = len(batch_sizes), len(batch_sizes[0])
@@ -398,9 +399,8 @@ class _VBELayout:
             D_offsets.append(D_offsets[-1] + d)
         total_D, total_bags = D_offsets[-1], B_offsets[-1]
         self.B_offsets = _host_to_device(B_offsets, torch.int32, device)
-        padded_elements = self.max_B * total_D
         self.output_size = sum(b * dims[f] for f, row in enumerate(batch_sizes) for b in row)
-        index_dtype = torch.int32 if max(padded_elements, self.output_size) < 2**31 - 1 else torch.int64
+        index_dtype = torch.int32 if total_bags + 1 < 2**31 - 1 else torch.int64
 
         slot = torch.arange(self.max_B, dtype=torch.int64, device=device)
         bounds = self.B_offsets.to(torch.int64)
@@ -408,54 +408,29 @@ class _VBELayout:
         self.offsets_map = torch.cat([(starts + torch.minimum(slot.unsqueeze(0), counts)).flatten(),
                                       torch.full((1,), total_bags, dtype=torch.int64, device=device)]).to(index_dtype)
 
-        # Per output block (r, f), rank-major: its bag count B[f][r], where its first bag starts in the
-        # padded output (rank r's first bag of feature f is the feature's slot first_slot[f][r]), and D_f.
+        # Per output block (r, f), rank-major: its bag count B[f][r], the padded slot of its first bag
+        # (rank r's first bag of feature f is the feature's slot first_slot[f][r]), and D_f.
         first_slot = []
         for row in batch_sizes:
             slots = [0]
             for b in row[:-1]:
                 slots.append(slots[-1] + b)
             first_slot.append(slots)
-        block = _host_to_device([[batch_sizes[f][r], first_slot[f][r] * total_D + D_offsets[f], dims[f]]
+        block = _host_to_device([[batch_sizes[f][r], f * self.max_B + first_slot[f][r], dims[f]]
                                  for r in range(R) for f in range(T)], torch.int64, device)
-        bags, padded_start, dim = block.view(R * T, 3).unbind(1)
+        bags, first_padded_slot, dim = block.view(R * T, 3).unbind(1)
         # For a pre-allocated output (vbe_output): each block's size and its start in FBGEMM's layout, on the
         # host (the CPU path's checks) and on the device.
         self.num_ranks = R
         self.block_sizes_host = [batch_sizes[f][r] * dims[f] for r in range(R) for f in range(T)]
         self.block_sizes = bags * dim
         self.block_starts = torch.cumsum(self.block_sizes, 0) - self.block_sizes
-        # Then per output bag (row of D_f values): where it starts in the padded output and in the output.
+        # Then per output bag (row of D_f values), in the output's order: its padded slot and its start.
         block_of = torch.repeat_interleave(torch.arange(R * T, device=device), bags, output_size=total_bags)
         bag_in_block = torch.arange(total_bags, device=device) - (torch.cumsum(bags, 0) - bags)[block_of]
-        row_padded_start = padded_start[block_of] + bag_in_block * total_D
         row_dim = dim[block_of]
-        row_start = torch.cumsum(row_dim, 0) - row_dim
-        # And per output element: its row's padded start plus its column within the row.
-        row_of = torch.repeat_interleave(torch.arange(total_bags, device=device), row_dim,
-                                         output_size=self.output_size)
-        column = torch.arange(self.output_size, device=device) - row_start[row_of]
-        self.output_map = (row_padded_start[row_of] + column).to(index_dtype)
-
-
-class _GatherVBEOutput(torch.autograd.Function):
-    """The padded ``[max_B, total_D]`` output -> FBGEMM's 1-D VBE output (a gather), and its gradient back
-    (zeros for the empty slots, the output's gradient scattered to its rows). No two output elements share
-    a padded one, so the scatter writes each element at most once: no atomics, the same result every run
-    (autograd's own backward of index_select would accumulate instead)."""
-
-    @staticmethod
-    def forward(ctx, padded, output_map):
-        ctx.save_for_backward(output_map)
-        ctx.padded_shape = padded.shape
-        return padded.reshape(-1).index_select(0, output_map)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (output_map,) = ctx.saved_tensors
-        padded_grad = grad.new_zeros(ctx.padded_shape.numel())
-        padded_grad.index_put_((output_map,), grad.reshape(-1))
-        return padded_grad.view(ctx.padded_shape), None
+        self.bag_starts = torch.full((T * self.max_B,), -1, dtype=torch.int64, device=device)
+        self.bag_starts[first_padded_slot[block_of] + bag_in_block] = torch.cumsum(row_dim, 0) - row_dim
 
 
 # Distinct batch-size layouts kept per module (each holds an index map the size of its output).
@@ -759,12 +734,12 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                      feature_requires_grad: Optional[torch.Tensor], batch_size_per_feature_per_rank,
                      vbe_output: Optional[torch.Tensor] = None,
                      vbe_output_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """VBE on the fixed-batch lookup: the VBE-mode bounds check on the caller's tensors, the padded
-        offsets gathered from them, the lookup of T x max_B bags (the padded slots are empty bags, which add
-        nothing to the forward, the gradient or the update) and the valid rows gathered into FBGEMM's
-        layout, or, with ``vbe_output``, written into it at ``vbe_output_offsets``. The lookup checks the
-        padded offsets again; after the first check repaired the caller's tensors, that check finds nothing,
-        so ``bounds_check_warning`` is given the first check's count."""
+        """VBE: the VBE-mode bounds check on the caller's tensors (its count in ``bounds_check_warning``),
+        the padded offsets gathered from them, and the lookup of T x max_B bags (the padded slots are empty
+        bags, which add nothing to the forward, the gradient or the update) writing FBGEMM's 1-D layout
+        directly through the layout's bag starts (its backward reads the gradient there); with
+        ``vbe_output``, that output written into it at ``vbe_output_offsets``. The padded offsets are a
+        gather of checked ones: the lookup runs no second bounds check."""
         if self.pooling_mode == PoolingMode.NONE:
             raise NotImplementedError("batch_size_per_feature_per_rank (VBE) with PoolingMode.NONE is not supported "
                                       "(FBGEMM does not support it either); use SUM or MEAN, or pass None")
@@ -782,9 +757,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         if vbe_output is not None or vbe_output_offsets is not None:
             self._check_vbe_output(layout, vbe_output, vbe_output_offsets)
         idx, off = indices.contiguous(), offsets.contiguous()
-        warning = torch.zeros_like(self.bounds_check_warning)
-        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode), warning,
-                                               None, layout.B_offsets, layout.max_B)
+        torch.ops.hipdlrm.bounds_check_indices(self.rows_per_table, idx, off, int(self.bounds_check_mode),
+                                               self.bounds_check_warning, None, layout.B_offsets, layout.max_B)
         if self.bounds_check_mode != _HipBoundsCheckMode.FATAL:
             if idx is not indices:
                 indices.copy_(idx)
@@ -794,9 +768,8 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         if feature_requires_grad is not None:
             per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, padded_offsets,
                                                                 feature_requires_grad, self.num_features)
-        padded = super().forward(idx, padded_offsets, per_sample_weights)
-        self.bounds_check_warning.copy_(warning)
-        output = _GatherVBEOutput.apply(padded, layout.output_map)
+        self._check_inputs(idx, padded_offsets, per_sample_weights)
+        output = self._lookup(idx, padded_offsets, per_sample_weights, vbe=(layout.bag_starts, layout.output_size))
         if vbe_output is None:
             return output
         # FBGEMM's pre-allocated output: block (r, f) written at vbe_output_offsets[r][f], in place, and
@@ -896,10 +869,10 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
             return self.weights_dev
         return self.weights
 
-    def _forward_op(self, weights, indices, offsets, per_sample_weights) -> torch.Tensor:
+    def _forward_op(self, weights, indices, offsets, per_sample_weights, vbe=None) -> torch.Tensor:
         if weights.dim() != 1:  # weights_dev: the flat weights' storage, [total_rows, dim]
             weights = weights.reshape(-1)
-        return super()._forward_op(weights, indices, offsets, per_sample_weights)
+        return super()._forward_op(weights, indices, offsets, per_sample_weights, vbe)
 
     def _sparse_gradient(self, element: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """weights_dev's gradient as FBGEMM's (its none backward): a sparse COO of shape ``[total_rows,

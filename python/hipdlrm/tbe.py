@@ -110,9 +110,12 @@ _PARTIAL_ROWWISE = (OptimType.PARTIAL_ROWWISE_ADAM, OptimType.PARTIAL_ROWWISE_LA
 
 @torch.library.register_fake("hipdlrm::tbe_forward")
 def _tbe_forward_fake(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets,
-                      pooling_mode, per_sample_weights, output_dtype):
+                      pooling_mode, per_sample_weights, output_dtype, vbe_bag_starts=None, vbe_output_size=-1):
     num_features = weights_offsets.numel()
     torch._check(num_features >= 1, lambda: "tbe_forward: there must be at least one feature")
+    if vbe_bag_starts is not None:
+        torch._check(vbe_output_size >= 0, lambda: "tbe_forward: vbe_output_size must be >= 0 with vbe_bag_starts")
+        return weights.new_empty((vbe_output_size,), dtype=output_dtype)
     if pooling_mode == PoolingMode.NONE:
         return weights.new_empty((indices.numel(), max_D), dtype=output_dtype)
     torch._check((offsets.numel() - 1) % num_features == 0,
@@ -148,8 +151,9 @@ def _tbe_backward_sparse_fake(grad_output, weights, *args):
 
 def _tbe_forward_setup_context(ctx, inputs, output):
     (weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets, pooling_mode,
-     per_sample_weights, output_dtype) = inputs
-    ctx.save_for_backward(weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights)
+     per_sample_weights, output_dtype, vbe_bag_starts, vbe_output_size) = inputs
+    ctx.save_for_backward(weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights,
+                          vbe_bag_starts)
     ctx.total_D, ctx.max_D, ctx.pooling_mode = total_D, max_D, pooling_mode
 
 
@@ -159,12 +163,13 @@ def _tbe_forward_backward(ctx, grad_output):
     (a table of D >= 1 columns has at most weights.numel() rows): features that share a table, or tables
     that overlap in `weights`, then give separate segments for the same elements, which the scatter adds.
     So any metadata gives the gradient of what the forward computed, with no host read (traceable)."""
-    weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights = ctx.saved_tensors
+    (weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights,
+     vbe_bag_starts) = ctx.saved_tensors
     T, numel = weights_offsets.numel(), weights.numel()
     row_offsets = torch.arange(T, dtype=torch.int64, device=weights.device) * numel
     element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
         grad_output.contiguous(), weights.detach(), weights_offsets, D_offsets, rows_per_table, row_offsets,
-        T * numel, ctx.total_D, ctx.max_D, indices, offsets, ctx.pooling_mode, per_sample_weights)
+        T * numel, ctx.total_D, ctx.max_D, indices, offsets, ctx.pooling_mode, per_sample_weights, vbe_bag_starts)
     grad_weights = None
     if ctx.needs_input_grad[0]:
         grad_weights = torch.zeros(numel, dtype=values.dtype, device=values.device)
@@ -174,7 +179,7 @@ def _tbe_forward_backward(ctx, grad_output):
         grad_psw = None
     else:
         grad_psw = grad_psw.to(per_sample_weights.dtype)
-    return grad_weights, None, None, None, None, None, None, None, None, grad_psw, None
+    return grad_weights, None, None, None, None, None, None, None, None, grad_psw, None, None, None
 
 
 torch.library.register_autograd("hipdlrm::tbe_forward", _tbe_forward_backward,
@@ -188,18 +193,19 @@ class TBELookupFunction(torch.autograd.Function):
     """The module's lookup as an autograd node: forward = ``tbe_forward``; backward = the fused update
     (no gradient for the weights, which do not require one; the empty placeholder gets an empty one) or,
     for OptimType.NONE, the sparse gradient. The per-sample weights get their gradient whenever they
-    require it."""
+    require it. ``vbe``: (bag starts, output size) of a VBE lookup (tbe_forward's vbe_bag_starts and
+    vbe_output_size), or None."""
 
     @staticmethod
-    def forward(ctx, module, indices, offsets, weights, per_sample_weights, placeholder):
+    def forward(ctx, module, indices, offsets, weights, per_sample_weights, placeholder, vbe=None):
         ctx.module = module
-        ctx.save_for_backward(indices, offsets, per_sample_weights)
-        return module._forward_op(weights, indices, offsets, per_sample_weights)
+        ctx.save_for_backward(indices, offsets, per_sample_weights, None if vbe is None else vbe[0])
+        return module._forward_op(weights, indices, offsets, per_sample_weights, vbe)
 
     @staticmethod
     def backward(ctx, grad_output):
         module = ctx.module
-        indices, offsets, per_sample_weights = ctx.saved_tensors
+        indices, offsets, per_sample_weights, bag_starts = ctx.saved_tensors
         if module.gradient_clipping:
             # FBGEMM's clipping: each element of the output's gradient, before the backward (so the per-sample
             # weights' gradient is the clipped one's too).
@@ -209,17 +215,18 @@ class TBELookupFunction(torch.autograd.Function):
         grad_weights = None
         if module.optimizer in _FUSED and ctx.needs_input_grad[5]:
             grad_psw = torch.ops.hipdlrm.tbe_backward(grad_output, module.weights.detach(), *module._lookup_metadata(),
-                                                      *lookup, *module._optimizer_arguments())
+                                                      *lookup, *module._optimizer_arguments(),
+                                                      vbe_bag_starts=bag_starts)
         else:
             element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
-                grad_output, module.weights.detach(), *module._lookup_metadata(), *lookup)
+                grad_output, module.weights.detach(), *module._lookup_metadata(), *lookup, vbe_bag_starts=bag_starts)
             if ctx.needs_input_grad[3]:
                 grad_weights = module._sparse_gradient(element, values)
         if not ctx.needs_input_grad[4]:
             grad_psw = None
         # DDP expects every parameter that requires grad to get one each step.
         grad_placeholder = grad_output.new_zeros(0, dtype=torch.float32) if ctx.needs_input_grad[5] else None
-        return None, None, None, grad_weights, grad_psw, grad_placeholder
+        return None, None, None, grad_weights, grad_psw, grad_placeholder, None
 
 
 # ---- TorchScript: the lookup as an op ------------------------------------------------------------------
@@ -642,10 +649,12 @@ class TableBatchedEmbedding(nn.Module):
             return "[step, seed]"
         return f"{self.optimizer.name}'s state"
 
-    def _forward_op(self, weights, indices, offsets, per_sample_weights) -> torch.Tensor:
+    def _forward_op(self, weights, indices, offsets, per_sample_weights, vbe=None) -> torch.Tensor:
+        """tbe_forward; ``vbe``: (bag starts, output size), the VBE lookup's 1-D output (hipdlrm.fbgemm)."""
+        bag_starts, output_size = (None, -1) if vbe is None else vbe
         return torch.ops.hipdlrm.tbe_forward(weights, self.weights_offsets, self.D_offsets, self.rows_per_table,
                                              self.total_D, self.max_D, indices, offsets, int(self.pooling_mode),
-                                             per_sample_weights, self.output_dtype)
+                                             per_sample_weights, self.output_dtype, bag_starts, output_size)
 
     def _lookup_weights(self) -> torch.Tensor:
         """The tables as the lookup's autograd input (``TBELookupFunction``'s ``weights``): the flat
@@ -720,13 +729,19 @@ class TableBatchedEmbedding(nn.Module):
             return self._scripted_forward(indices, offsets, per_sample_weights)
         self._check_inputs(indices, offsets, per_sample_weights)
         idx, off = self._bounds_check_inputs(indices, offsets)
+        return self._lookup(idx, off, per_sample_weights)
+
+    def _lookup(self, indices: torch.Tensor, offsets: torch.Tensor, per_sample_weights: Optional[torch.Tensor],
+                vbe=None) -> torch.Tensor:
+        """The lookup of checked inputs, through TBELookupFunction when something needs its backward.
+        ``vbe``: _forward_op's."""
         placeholder = getattr(self, _PLACEHOLDER, None)
         weights = self._lookup_weights()
         if torch.is_grad_enabled() and (weights.requires_grad or (
                 placeholder is not None and placeholder.requires_grad) or (
                 per_sample_weights is not None and per_sample_weights.requires_grad)):
-            return TBELookupFunction.apply(self, idx, off, weights, per_sample_weights, placeholder)
-        return self._forward_op(self.weights, idx, off, per_sample_weights)
+            return TBELookupFunction.apply(self, indices, offsets, weights, per_sample_weights, placeholder, vbe)
+        return self._forward_op(self.weights, indices, offsets, per_sample_weights, vbe)
 
     def _check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor,
                       per_sample_weights: Optional[torch.Tensor]) -> None:

@@ -648,3 +648,130 @@ def test_raw_op_dense_gradient_with_tables_sharing_storage(layout):
     # fp32 (the op has no fp64 tables): the lookup is linear, so wide finite differences are exact.
     assert torch.autograd.gradcheck(fn, (weights.detach().clone().requires_grad_(True),), eps=1e-2, atol=1e-3,
                                     rtol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------
+# VBE's bag table (tbe_forward's vbe_bag_starts / vbe_output_size, hipdlrm.fbgemm's VBE lookup)
+# ----------------------------------------------------------------------------------------------
+
+
+def _vbe_case(device, pooling=PoolingMode.SUM, weighted=True, seed=5):
+    """A fixed-batch lookup and a bag table for it: every slot's bag placed at a shuffled position of a
+    1-D output with a gap after each bag (elements no bag covers), a fifth of the slots -1 (no bag)."""
+    module = make_module(MIXED_SPECS, MIXED_MAP, pooling, device=device, seed=seed)
+    B = 6
+    indices, offsets, psw = make_inputs(module, B, seed + 1, weighted=weighted)
+    g = torch.Generator().manual_seed(seed + 2)
+    T = module.num_features
+    dims = (module.D_offsets[1:] - module.D_offsets[:-1]).cpu().tolist()
+    slots = [s for s in torch.randperm(T * B, generator=g).tolist() if torch.rand(1, generator=g).item() > 0.2]
+    starts, size = torch.full((T * B,), -1, dtype=torch.int64), 0
+    for s in slots:
+        starts[s] = size
+        size += dims[s // B] + 1
+    psw = None if psw is None else psw.to(device)
+    return module, indices.to(device), offsets.to(device), psw, starts.to(device), size, dims, B
+
+
+def _scatter_fixed(fixed, starts, size, dims, B):
+    """The 1-D VBE output a bag table asks for, from the fixed-batch output [B, total_D]."""
+    out = torch.zeros(size, dtype=fixed.dtype)
+    d0 = [0]
+    for d in dims:
+        d0.append(d0[-1] + d)
+    for s, start in enumerate(starts.tolist()):
+        if start >= 0:
+            t, b = s // B, s % B
+            out[start:start + dims[t]] = fixed[b, d0[t]:d0[t + 1]].cpu()
+    return out
+
+
+@pytest.mark.parametrize("device", devices)
+@pytest.mark.parametrize("pooling", [PoolingMode.SUM, PoolingMode.MEAN], ids=lambda p: p.name)
+def test_vbe_bag_table_places_every_bag(device, pooling):
+    """Each slot's pooled values land at its start in the 1-D output, -1 slots nowhere, and the elements no
+    bag covers are zero: the fixed-batch lookup's rows, moved."""
+    module, indices, offsets, psw, starts, size, dims, B = _vbe_case(device, pooling)
+    fixed = OP(*_raw_args(module, indices, offsets, psw))
+    out = OP(*_raw_args(module, indices, offsets, psw), starts, size)
+    assert out.shape == (size,) and out.device.type == torch.device(device).type
+    torch.testing.assert_close(out.cpu(), _scatter_fixed(fixed, starts, size, dims, B), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", devices)
+def test_vbe_bag_table_gradients(device):
+    """The raw op's autograd through a bag table: the weights' and per-sample weights' gradients are the
+    fixed-batch lookup's for the output gradient scattered back to [B, total_D] (zero for -1 slots)."""
+    module, indices, offsets, psw, starts, size, dims, B = _vbe_case(device, PoolingMode.MEAN)
+    weights = module.weights.detach().clone().requires_grad_(True)
+    psw = psw.clone().requires_grad_(True)
+    args = [weights, *_raw_args(module, indices, offsets, psw)[1:]]
+    grad = torch.randn(size, generator=torch.Generator().manual_seed(9)).to(device)
+    gw, gp = torch.autograd.grad(OP(*args, starts, size), [weights, psw], grad)
+    fixed_grad = torch.zeros(B, module.total_D)
+    d0 = module.D_offsets.cpu().tolist()
+    for s, start in enumerate(starts.tolist()):
+        if start >= 0:
+            t, b = s // B, s % B
+            fixed_grad[b, d0[t]:d0[t + 1]] = grad[start:start + dims[t]].cpu()
+    ew, ep = torch.autograd.grad(OP(*args), [weights, psw], fixed_grad.to(device))
+    torch.testing.assert_close(gw, ew, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(gp, ep, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", devices)
+def test_vbe_bag_table_opcheck(device):
+    module, indices, offsets, psw, starts, size, _, _ = _vbe_case(device)
+    torch.library.opcheck(OP.default, [*_raw_args(module, indices, offsets, psw), starts, size])
+
+
+@pytest.mark.parametrize("device", devices)
+def test_vbe_bag_table_argument_errors(device):
+    module, indices, offsets, psw, starts, size, _, _ = _vbe_case(device)
+    args = _raw_args(module, indices, offsets, psw)
+    with pytest.raises(RuntimeError, match=r"vbe_output_size \(7\) is the size of the VBE output and goes with "
+                                           r"vbe_bag_starts, which is None"):
+        OP(*args, None, 7)
+    with pytest.raises(RuntimeError, match="vbe_bag_starts must be a 1-D Long tensor"):
+        OP(*args, starts.int(), size)
+    with pytest.raises(RuntimeError, match=f"vbe_bag_starts must have {starts.numel()} entries"):
+        OP(*args, starts[1:], size)
+    with pytest.raises(RuntimeError, match="vbe_output_size must be >= 0 with vbe_bag_starts"):
+        OP(*args, starts, -1)
+    none = make_module(SEQUENCE_SPECS, SEQUENCE_MAP, PoolingMode.NONE, device=device)
+    i, o, _ = make_inputs(none, 2, 3)
+    with pytest.raises(RuntimeError, match="vbe_bag_starts \\(VBE\\) needs pooling_mode SUM or MEAN, got NONE"):
+        OP(*_raw_args(none, i.to(device), o.to(device)), torch.full((8,), -1, device=device), 0)
+
+
+def test_cpu_vbe_bag_table_value_errors():
+    module, indices, offsets, psw, starts, size, dims, B = _vbe_case("cpu")
+    placed = int((starts >= 0).nonzero()[0])
+    for bad in (-2, size - dims[placed // B] + 1):
+        s = starts.clone()
+        s[placed] = bad
+        with pytest.raises(RuntimeError, match=rf"vbe_bag_starts\[{placed}\] = {bad} .* is neither -1 \(no bag\) nor "
+                                               rf"a start inside the {size}-value output"):
+            OP(*_raw_args(module, indices, offsets, psw), s, size)
+
+
+@requires_gpu
+def test_gpu_vbe_bag_table_out_of_range_starts_are_skipped():
+    """On the GPU (no value read on the host) a start outside the output is a bag without a place: it writes
+    nothing and its lookups get no gradient; every other bag is where its start says."""
+    module, indices, offsets, psw, starts, size, dims, B = _vbe_case("cuda")
+    bad = starts.clone()
+    placed = (bad >= 0).nonzero().flatten()[:3].tolist()
+    for s, v in zip(placed, (-5, size, 2**40)):
+        bad[s] = v
+    fixed = OP(*_raw_args(module, indices, offsets, psw))
+    out = OP(*_raw_args(module, indices, offsets, psw), bad, size)
+    expected = _scatter_fixed(fixed, torch.where(torch.isin(torch.arange(bad.numel(), device="cuda"),
+                                                            torch.tensor(placed, device="cuda")), -1, bad),
+                              size, dims, B)
+    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
+    weights = module.weights.detach().clone().requires_grad_(True)
+    gw, = torch.autograd.grad(OP(weights, *_raw_args(module, indices, offsets, psw)[1:], bad, size), [weights],
+                              torch.ones(size, device="cuda"))
+    assert bool(torch.isfinite(gw).all())
+    hipdlrm.synchronize()

@@ -167,6 +167,8 @@ Workspace carve(const BackwardProblem<index_t>& p, void* base, gpu::stream_t str
 // their kernels are compiled once for both index types.
 struct SegmentProblem {
   const float* grad_output;
+  const std::int64_t* bag_starts;
+  std::int64_t grad_output_numel;
   void* weights;
   const std::int64_t* weights_offsets;
   const std::int32_t* D_offsets;
@@ -189,11 +191,14 @@ struct SegmentProblem {
 
 template <typename index_t>
 SegmentProblem segment_problem(const BackwardProblem<index_t>& p) {
-  return SegmentProblem{p.grad_output,  p.weights,     p.weights_offsets,        p.D_offsets,
-                        p.row_offsets,  p.total_rows,  p.batch_size,             p.total_D,
-                        p.max_D,        p.num_indices, p.pooling_mode == PoolingMode::kNone,  p.momentum1,
-                        p.momentum2,    p.momentum1_dtype, p.momentum2_dtype,    p.optim,
-                        p.grad_rows,    p.segment_weight_offsets,                p.segment_dims};
+  return SegmentProblem{p.grad_output,      p.bag_starts,       p.grad_output_numel,
+                        p.weights,          p.weights_offsets,  p.D_offsets,
+                        p.row_offsets,      p.total_rows,       p.batch_size,
+                        p.total_D,          p.max_D,            p.num_indices,
+                        p.pooling_mode == PoolingMode::kNone,   p.momentum1,
+                        p.momentum2,        p.momentum1_dtype,  p.momentum2_dtype,
+                        p.optim,            p.grad_rows,        p.segment_weight_offsets,
+                        p.segment_dims};
 }
 
 // ---- device helpers --------------------------------------------------------------------------------
@@ -336,7 +341,9 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
       const std::int64_t idx = static_cast<std::int64_t>(p.indices[i]);
       const std::int64_t ro = p.row_offsets[t];
       valid = D >= 1 && D <= p.max_D && (sequence || (d0 >= 0 && d0 + D <= p.total_D)) && idx >= 0 &&
-              idx < safe_rows(p, t) && ro >= 0 && ro < p.total_rows - idx;
+              idx < safe_rows(p, t) && ro >= 0 && ro < p.total_rows - idx &&
+              (sequence || pooled_bag_start(p.bag_starts, p.grad_output_numel, g, g - t * p.batch_size,
+                                            p.total_D, d0, D) >= 0);
       key = ro + idx;
     }
     float s = 0.0f;
@@ -421,7 +428,8 @@ __global__ void __launch_bounds__(kBlock) psw_grad_kernel(BackwardProblem<index_
         const std::int64_t t = feature_of(p.batch_size, g);
         const std::int64_t d0 = p.D_offsets[t];
         const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
-        go = sequence ? i * p.max_D : (g - t * p.batch_size) * p.total_D + d0;
+        go = sequence ? i * p.max_D
+                      : pooled_bag_start(p.bag_starts, p.grad_output_numel, g, g - t * p.batch_size, p.total_D, d0, D);
         wo = p.weights_offsets[t] + (static_cast<std::int64_t>(w.keys_in[i]) - p.row_offsets[t]) * D;
         cols = static_cast<std::int32_t>(D);
         inv_len = p.pooling_mode == PoolingMode::kMean
@@ -524,7 +532,9 @@ HIPDLRM_DEVICE void fill_cache(const SegmentProblem& p, const Workspace& w, std:
       const std::int64_t t = feature_of(p.batch_size, g);
       const std::int64_t d0 = p.D_offsets[t];
       const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
-      c.grad = p.sequence ? static_cast<std::int64_t>(pos) * p.max_D : (g - t * p.batch_size) * p.total_D + d0;
+      c.grad = p.sequence ? static_cast<std::int64_t>(pos) * p.max_D
+                          : pooled_bag_start(p.bag_starts, p.grad_output_numel, g, g - t * p.batch_size, p.total_D,
+                                             d0, D);
       c.row = p.weights_offsets[t] + (static_cast<std::int64_t>(c.key) - p.row_offsets[t]) * D;
       c.cols = static_cast<std::int32_t>(D);
       c.scale = info.scale;

@@ -25,6 +25,10 @@ constexpr std::int64_t kHotPiece = 1024;
 template <typename index_t>
 struct BackwardProblem {
   const float* grad_output = nullptr;  // [B, total_D], or [N, max_D] in NONE pooling mode (fp32)
+  // VBE: grad_output is the 1-D output of grad_output_numel values, bag g's at bag_starts[g]
+  // (pooled_bag_start); null: [B, total_D].
+  const std::int64_t* bag_starts = nullptr;
+  std::int64_t grad_output_numel = 0;
   void* weights = nullptr;             // element type weights_dtype, flat
   DType weights_dtype = DType::kFloat32;
   std::int64_t weights_numel = 0;

@@ -304,10 +304,12 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
 
     const std::int64_t t = feature_of(p, g);
     const std::int64_t b = g - t * p.batch_size;
-    const Feature<W> f = load_feature<W>(p, t, false);
+    Feature<W> f = load_feature<W>(p, t, false);
+    const std::int64_t start = pooled_bag_start(p.bag_starts, p.output_numel, g, b, p.total_D, f.out_col, f.cols);
+    if (start < 0) f.cols = 0;  // no place in the output: the bag writes nothing
     const std::int64_t len = r.end - r.start;
     const float scale = mean ? (len > 0 ? 1.0f / static_cast<float>(len) : 0.0f) : 1.0f;
-    O* const out = static_cast<O*>(p.output) + b * p.total_D + f.out_col;
+    O* const out = static_cast<O*>(p.output) + (start < 0 ? 0 : start);
     switch (vector_kind(f)) {
       case 0: pool_bag<W, O, index_t, K, kWide>(p, f, r, lane, group, scale, out, cur, after); break;
       case 1: pool_bag<W, O, index_t, K, kNarrow>(p, f, r, lane, group, scale, out, cur, after); break;

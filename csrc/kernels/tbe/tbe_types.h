@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "hipdlrm/gpu/host_device.h"
+
 namespace hipdlrm {
 namespace kernels {
 namespace tbe {
@@ -28,6 +30,20 @@ enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 inline int dtype_bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
+// Where bag g (feature t's bag b = g - t * B, first column d0, D columns) starts in the pooled output, or -1
+// when it has no place there. Without a bag table the output is [B, total_D]: b * total_D + d0 (the callers
+// keep d0 + D <= total_D). With one (bag_starts [T * B], VBE: FBGEMM's 1-D output of output_numel values,
+// bag-major within each rank's block of each feature) it is bag_starts[g] when its D values lie inside the
+// output, else -1 (-1 itself: a padded slot, no bag). A bag without a place is not written by the forward
+// and its lookups get no gradient. Every forward and backward, CPU and GPU, addresses bags through this.
+HIPDLRM_HOST_DEVICE std::int64_t pooled_bag_start(const std::int64_t* bag_starts, std::int64_t output_numel,
+                                                   std::int64_t g, std::int64_t b, std::int64_t total_D,
+                                                   std::int64_t d0, std::int64_t D) {
+  if (bag_starts == nullptr) return b * total_D + d0;
+  const std::int64_t start = bag_starts[g];
+  return start >= 0 && D <= output_numel - start ? start : -1;
+}
+
 // One forward call. "Feature" is a slot of the table-major layout (T of them, B bags each); several
 // features may share a table, so every per-table fact is given per feature.
 template <typename index_t>
@@ -49,6 +65,10 @@ struct ForwardProblem {
   const float* per_sample_weights = nullptr;      // [N] or null
   void* output = nullptr;                         // [B, total_D], or [N, max_D] in NONE mode
   DType output_dtype = DType::kFloat32;
+  // VBE (pooled modes): where each bag's values start in the 1-D output of output_numel values
+  // (pooled_bag_start); null: the [B, total_D] output.
+  const std::int64_t* bag_starts = nullptr;       // [T * B] or null
+  std::int64_t output_numel = 0;
 };
 
 // How a bag's row is spread over lanes: `group_lanes` lanes (a power of two, at most the wave) work on

@@ -40,9 +40,21 @@ ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor
                                      const std::optional<at::Tensor>& per_sample_weights,
                                      at::ScalarType output_dtype, const char* op = "tbe_forward");
 
-// The output of tbe_forward, uninitialised: [B, total_D], or [N, max_D] in NONE mode.
+// VBE's bag table (vbe_bag_starts, [T * B] int64: where each bag starts in the 1-D output of
+// vbe_output_size values; -1: a padded slot, no bag) checked against the shape, without reading values.
+// Returns the output's size, or -1 without a table (the [B, total_D] output).
+std::int64_t check_vbe_arguments(const ForwardShape& shape, const std::optional<at::Tensor>& vbe_bag_starts,
+                                 std::int64_t vbe_output_size, const at::Tensor& weights);
+
+// The CPU value check of the bag table: every entry -1 or a start whose bag's values fit in the output.
+void check_vbe_values(const ForwardShape& shape, const at::Tensor& D_offsets, const at::Tensor& vbe_bag_starts,
+                      std::int64_t output_numel);
+
+// The output of tbe_forward: [B, total_D], or [N, max_D] in NONE mode, uninitialised; with VBE
+// (vbe_output_size >= 0) the 1-D output, zero-filled (no value reaches an element no bag covers).
 at::Tensor empty_forward_output(const ForwardShape& shape, std::int64_t total_D, std::int64_t max_D,
-                                const at::Tensor& weights, at::ScalarType output_dtype);
+                                const at::Tensor& weights, at::ScalarType output_dtype,
+                                std::int64_t vbe_output_size = -1);
 
 // The CPU value checks of tbe_forward (metadata, offsets, indices), for CPU tensors; the messages name
 // tbe_forward's arguments, which the backward ops share.

@@ -61,7 +61,7 @@ struct Plan {
 
 template <typename index_t>
 Plan make_plan(const BackwardShape& s, const std::int64_t* row_offsets, const index_t* idx, const index_t* off,
-               const float* psw) {
+               const float* psw, const std::int64_t* bag_starts) {
   const std::int64_t T = s.forward.num_features, B = s.forward.batch_size, N = s.forward.num_indices;
   const bool mean = s.forward.pooling_mode == PoolingMode::kMean;
   Plan p;
@@ -72,6 +72,7 @@ Plan make_plan(const BackwardShape& s, const std::int64_t* row_offsets, const in
   for (std::int64_t g = 0; g < T * B; ++g) {
     const std::int64_t start = off[g], end = off[g + 1];
     p.bag_len[g] = end - start;
+    if (bag_starts != nullptr && bag_starts[g] < 0) continue;  // VBE's padded slot: no output, no gradient
     for (std::int64_t i = start; i < end; ++i) {
       if (idx[i] < 0) continue;  // pruned
       p.bag[i] = g;
@@ -100,18 +101,27 @@ struct Context {
   const std::int32_t* D_offsets;
   const std::int64_t* row_offsets;
   std::int64_t total_D, max_D;
+  const std::int64_t* bag_starts;  // VBE, or null
+  std::int64_t vbe_output_numel;
+
+  // Bag g's gradient values (feature t, D columns) in grad_output: its output place (pooled_bag_start),
+  // or lookup pos's own row in NONE mode. Only contributing lookups ask (their bags have a place).
+  const float* grad_row(std::int64_t pos, std::int64_t g, std::int64_t t, std::int64_t D) const {
+    if (shape->forward.pooling_mode == PoolingMode::kNone) return grad_output + pos * max_D;
+    const std::int64_t B = shape->forward.batch_size;
+    return grad_output + ktbe::pooled_bag_start(bag_starts, vbe_output_numel, g, g - t * B, total_D, D_offsets[t], D);
+  }
 };
 
 // Sum over sorted positions [lo, hi) of scale * grad row, into acc[0, D) (fma, in order, from zero).
 void sum_lookups(const Context& c, std::int64_t lo, std::int64_t hi, std::int64_t D, float* acc) {
   std::fill(acc, acc + D, 0.0f);
   const std::int64_t B = c.shape->forward.batch_size;
-  const bool sequence = c.shape->forward.pooling_mode == PoolingMode::kNone;
   for (std::int64_t j = lo; j < hi; ++j) {
     const std::int64_t pos = c.plan->order[j];
     const std::int64_t g = c.plan->bag[pos], t = g / B;
     const std::int64_t cols = std::min<std::int64_t>(D, c.D_offsets[t + 1] - c.D_offsets[t]);
-    const float* row = c.grad_output + (sequence ? pos * c.max_D : (g % B) * c.total_D + c.D_offsets[t]);
+    const float* row = c.grad_row(pos, g, t, c.D_offsets[t + 1] - c.D_offsets[t]);
     const float s = c.plan->scale[pos];
     for (std::int64_t d = 0; d < cols; ++d) acc[d] = std::fma(s, row[d], acc[d]);
   }
@@ -228,6 +238,11 @@ Prepared prepare_cpu(const BackwardShape& s, const BackwardArgs& a) {
   const std::int64_t total_D = a.total_D, max_D = a.max_D;
   check_forward_values(s.forward, weights, a.weights_offsets, a.D_offsets, a.rows_per_table, total_D, max_D,
                        a.indices, a.offsets);
+  const std::int64_t* bag_starts = nullptr;
+  if (s.vbe_output_numel >= 0) {
+    check_vbe_values(s.forward, a.D_offsets, *a.vbe_bag_starts, s.vbe_output_numel);
+    bag_starts = a.vbe_bag_starts->data_ptr<std::int64_t>();
+  }
   const std::int64_t* ro = a.row_offsets.data_ptr<std::int64_t>();
   const std::int64_t* rows = a.rows_per_table.data_ptr<std::int64_t>();
   check_row_spaces(a.op, s, ro, rows, a.weights_offsets.data_ptr<std::int64_t>(), a.D_offsets.data_ptr<std::int32_t>());
@@ -239,17 +254,16 @@ Prepared prepare_cpu(const BackwardShape& s, const BackwardArgs& a) {
   p.grad_output = a.grad_output.to(at::kFloat).contiguous();
   const float* psw = a.per_sample_weights.has_value() ? a.per_sample_weights->data_ptr<float>() : nullptr;
   AT_DISPATCH_INDEX_TYPES(a.indices.scalar_type(), "tbe_backward_plan", [&] {
-    p.plan = make_plan<index_t>(s, ro, a.indices.data_ptr<index_t>(), a.offsets.data_ptr<index_t>(), psw);
+    p.plan = make_plan<index_t>(s, ro, a.indices.data_ptr<index_t>(), a.offsets.data_ptr<index_t>(), psw, bag_starts);
   });
   p.ctx = Context{&s, &p.plan, p.grad_output.data_ptr<float>(), a.weights_offsets.data_ptr<std::int64_t>(),
-                  a.D_offsets.data_ptr<std::int32_t>(), ro, total_D, max_D};
+                  a.D_offsets.data_ptr<std::int32_t>(), ro, total_D, max_D, bag_starts, s.vbe_output_numel};
   const std::int64_t N = s.forward.num_indices;
   p.grad_psw = a.per_sample_weights.has_value() ? at::zeros({N}, weights.options().dtype(at::kFloat))
                                               : at::empty({0}, weights.options().dtype(at::kFloat));
   if (psw == nullptr) return p;
   float* out = p.grad_psw.data_ptr<float>();
   const std::int64_t B = s.forward.batch_size;
-  const bool sequence = s.forward.pooling_mode == PoolingMode::kNone;
   const bool mean = s.forward.pooling_mode == PoolingMode::kMean;
   const Context& c = p.ctx;
   const Plan& plan = p.plan;
@@ -263,7 +277,7 @@ Prepared prepare_cpu(const BackwardShape& s, const BackwardArgs& a) {
         const std::int64_t t = g / B;
         const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
         const scalar_t* row = w + c.weights_offsets[t] + (plan.key[i] - c.row_offsets[t]) * D;
-        const float* go = c.grad_output + (sequence ? i * max_D : (g % B) * total_D + c.D_offsets[t]);
+        const float* go = c.grad_row(i, g, t, D);
         float dot = 0.0f;
         for (std::int64_t d = 0; d < D; ++d) dot = std::fma(go[d], static_cast<float>(row[d]), dot);
         out[i] = mean ? dot * (1.0f / static_cast<float>(len[g])) : dot;
@@ -380,11 +394,12 @@ void define_backward(torch::Library& m) {
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
       "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
       "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters, float eta=0.001, "
-      "float momentum=0.9, float max_norm=0.0) -> Tensor");
+      "float momentum=0.9, float max_norm=0.0, Tensor? vbe_bag_starts=None) -> Tensor");
   m.def(
       "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
-      "Tensor offsets, int pooling_mode, Tensor? per_sample_weights) -> (Tensor, Tensor, Tensor)");
+      "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, Tensor? vbe_bag_starts=None) "
+      "-> (Tensor, Tensor, Tensor)");
 }
 
 namespace {
@@ -426,6 +441,7 @@ BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit:
   a.offsets = s["offsets"].toTensor();
   a.pooling_mode = s["pooling_mode"].toInt();
   a.per_sample_weights = s["per_sample_weights"].toOptional<at::Tensor>();
+  a.vbe_bag_starts = s["vbe_bag_starts"].toOptional<at::Tensor>();
   if (!s.has("optimizer")) return a;  // tbe_backward_sparse
   a.optimizer = s["optimizer"].toInt();
   a.momentum1 = s["momentum1"].toTensor();
@@ -455,11 +471,18 @@ BackwardShape check_backward_arguments(const BackwardArgs& a) {
   BackwardShape s;
   s.forward = check_forward_arguments(weights, a.weights_offsets, a.D_offsets, a.rows_per_table, a.total_D, a.max_D,
                                       a.indices, a.offsets, a.pooling_mode, a.per_sample_weights, go, op);
-  const std::vector<std::int64_t> expected =
-      s.forward.pooling_mode == PoolingMode::kNone ? std::vector<std::int64_t>{s.forward.num_indices, a.max_D}
-                                                   : std::vector<std::int64_t>{s.forward.batch_size, a.total_D};
-  TORCH_CHECK(grad_output.sizes() == at::IntArrayRef(expected), op, ": grad_output must have the forward output's shape ",
-              at::IntArrayRef(expected), ", got ", grad_output.sizes());
+  if (a.vbe_bag_starts.has_value()) {
+    TORCH_CHECK(grad_output.dim() == 1, op, ": with vbe_bag_starts grad_output must be the forward's 1-D VBE output, "
+                "got shape ", grad_output.sizes());
+    s.vbe_output_numel = check_vbe_arguments(s.forward, a.vbe_bag_starts, grad_output.numel(), weights);
+  } else {
+    const std::vector<std::int64_t> expected =
+        s.forward.pooling_mode == PoolingMode::kNone ? std::vector<std::int64_t>{s.forward.num_indices, a.max_D}
+                                                     : std::vector<std::int64_t>{s.forward.batch_size, a.total_D};
+    TORCH_CHECK(grad_output.sizes() == at::IntArrayRef(expected), op,
+                ": grad_output must have the forward output's shape ", at::IntArrayRef(expected), ", got ",
+                grad_output.sizes());
+  }
   TORCH_CHECK(grad_output.device() == weights.device(), op, ": grad_output is on ", grad_output.device(),
               " but weights is on ", weights.device());
   const std::int64_t T = s.forward.num_features;

@@ -23,6 +23,10 @@ ktbe::BackwardProblem<index_t> make_problem(const BackwardShape& s, const Backwa
                                             const at::Tensor& grad_psw) {
   ktbe::BackwardProblem<index_t> p;
   p.grad_output = grad_output.data_ptr<float>();
+  if (s.vbe_output_numel >= 0) {
+    p.bag_starts = a.vbe_bag_starts->data_ptr<std::int64_t>();
+    p.grad_output_numel = s.vbe_output_numel;
+  }
   p.weights = a.weights.data_ptr();
   p.weights_dtype = s.forward.weights_dtype;
   p.weights_numel = a.weights.numel();

@@ -90,7 +90,7 @@ void check_values(const ForwardShape& s, const std::int64_t* wo, const std::int3
 template <typename W, typename O, typename index_t>
 void forward_cpu_typed(const ForwardShape& s, const W* weights, const std::int64_t* wo, const std::int32_t* doff,
                        std::int64_t total_D, std::int64_t max_D, const index_t* idx, const index_t* off,
-                       const float* psw, O* out) {
+                       const float* psw, const std::int64_t* bag_starts, std::int64_t output_numel, O* out) {
   const std::int64_t T = s.num_features, B = s.batch_size;
   const bool mean = s.pooling_mode == PoolingMode::kMean;
   const bool sequence = s.pooling_mode == PoolingMode::kNone;
@@ -121,7 +121,9 @@ void forward_cpu_typed(const ForwardShape& s, const W* weights, const std::int64
       }
       const std::int64_t len = stop - start;
       const float scale = mean ? (len > 0 ? 1.0f / static_cast<float>(len) : 0.0f) : 1.0f;
-      O* o = out + b * total_D + doff[t];
+      const std::int64_t at = kernels::tbe::pooled_bag_start(bag_starts, output_numel, g, b, total_D, doff[t], D);
+      if (at < 0) continue;  // a padded slot: no bag
+      O* o = out + at;
       for (std::int64_t d = 0; d < D; ++d) o[d] = static_cast<O>(acc[d] * scale);
     }
   });
@@ -130,13 +132,17 @@ void forward_cpu_typed(const ForwardShape& s, const W* weights, const std::int64
 at::Tensor tbe_forward_cpu(const at::Tensor& weights, const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
                            const at::Tensor& rows_per_table, std::int64_t total_D, std::int64_t max_D,
                            const at::Tensor& indices, const at::Tensor& offsets, std::int64_t pooling_mode,
-                           const std::optional<at::Tensor>& per_sample_weights, at::ScalarType output_dtype) {
+                           const std::optional<at::Tensor>& per_sample_weights, at::ScalarType output_dtype,
+                           const std::optional<at::Tensor>& vbe_bag_starts, std::int64_t vbe_output_size) {
   const ForwardShape s = check_forward_arguments(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D,
                                                  indices, offsets, pooling_mode, per_sample_weights, output_dtype);
+  const std::int64_t vbe_numel = check_vbe_arguments(s, vbe_bag_starts, vbe_output_size, weights);
   // Every value is checked before the output is allocated (a total_D that D_offsets contradict would
   // otherwise end in the allocator's message).
   check_forward_values(s, weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets);
-  at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype);
+  if (vbe_numel >= 0) check_vbe_values(s, D_offsets, *vbe_bag_starts, vbe_numel);
+  at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype, vbe_numel);
+  const std::int64_t* bag_starts = vbe_numel >= 0 ? vbe_bag_starts->data_ptr<std::int64_t>() : nullptr;
   if (s.pooling_mode == PoolingMode::kNone) out.zero_();
   const float* psw = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_forward_cpu", [&] {
@@ -147,7 +153,7 @@ at::Tensor tbe_forward_cpu(const at::Tensor& weights, const at::Tensor& weights_
       HIPDLRM_DISPATCH_EMBEDDING_TYPES(output_dtype, "tbe_forward_cpu_output", [&] {
         forward_cpu_typed<W, scalar_t, index_t>(s, weights.data_ptr<W>(), weights_offsets.data_ptr<std::int64_t>(),
                                                 D_offsets.data_ptr<std::int32_t>(), total_D, max_D, idx, off, psw,
-                                                out.data_ptr<scalar_t>());
+                                                bag_starts, vbe_numel, out.data_ptr<scalar_t>());
       });
     });
   });
@@ -184,7 +190,7 @@ void define(torch::Library& m) {
   m.def(
       "tbe_forward(Tensor weights, Tensor weights_offsets, Tensor D_offsets, Tensor rows_per_table, int total_D, "
       "int max_D, Tensor indices, Tensor offsets, int pooling_mode, Tensor? per_sample_weights, "
-      "ScalarType output_dtype) -> Tensor");
+      "ScalarType output_dtype, Tensor? vbe_bag_starts=None, int vbe_output_size=-1) -> Tensor");
   m.def("tbe_enum(str name) -> str", &tbe_enum);
 }
 
@@ -244,9 +250,39 @@ ForwardShape check_forward_arguments(const at::Tensor& weights, const at::Tensor
   return s;
 }
 
+std::int64_t check_vbe_arguments(const ForwardShape& s, const std::optional<at::Tensor>& vbe_bag_starts,
+                                 std::int64_t vbe_output_size, const at::Tensor& weights) {
+  const char* op = s.op;
+  if (!vbe_bag_starts.has_value()) {
+    TORCH_CHECK(vbe_output_size == -1, op, ": vbe_output_size (", vbe_output_size,
+                ") is the size of the VBE output and goes with vbe_bag_starts, which is None; pass -1");
+    return -1;
+  }
+  TORCH_CHECK(s.pooling_mode != PoolingMode::kNone, op,
+              ": vbe_bag_starts (VBE) needs pooling_mode SUM or MEAN, got NONE (FBGEMM has no VBE for NONE either)");
+  check_vector(op, *vbe_bag_starts, "vbe_bag_starts", at::kLong, s.num_features * s.batch_size);
+  check_same_device(op, *vbe_bag_starts, "vbe_bag_starts", weights);
+  TORCH_CHECK(vbe_output_size >= 0, op, ": vbe_output_size must be >= 0 with vbe_bag_starts, got ", vbe_output_size);
+  return vbe_output_size;
+}
+
+void check_vbe_values(const ForwardShape& s, const at::Tensor& D_offsets, const at::Tensor& vbe_bag_starts,
+                      std::int64_t output_numel) {
+  const std::int64_t B = s.batch_size;
+  const std::int32_t* doff = D_offsets.data_ptr<std::int32_t>();
+  const std::int64_t* starts = vbe_bag_starts.data_ptr<std::int64_t>();
+  for (std::int64_t g = 0; g < s.num_features * B; ++g) {
+    const std::int64_t t = g / B, D = static_cast<std::int64_t>(doff[t + 1]) - doff[t], v = starts[g];
+    TORCH_CHECK(v == -1 || (v >= 0 && D <= output_numel - v), s.op, ": vbe_bag_starts[", g, "] = ", v, " (feature ",
+                t, ", slot ", g % B, ", ", D, " values) is neither -1 (no bag) nor a start inside the ", output_numel,
+                "-value output");
+  }
+}
+
 at::Tensor empty_forward_output(const ForwardShape& s, std::int64_t total_D, std::int64_t max_D,
-                                const at::Tensor& weights, at::ScalarType output_dtype) {
+                                const at::Tensor& weights, at::ScalarType output_dtype, std::int64_t vbe_output_size) {
   const auto options = weights.options().dtype(output_dtype);
+  if (vbe_output_size >= 0) return at::zeros({vbe_output_size}, options);
   if (s.pooling_mode == PoolingMode::kNone) return at::empty({s.num_indices, max_D}, options);
   return at::empty({s.batch_size, total_D}, options);
 }

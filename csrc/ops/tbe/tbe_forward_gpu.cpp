@@ -19,13 +19,15 @@ namespace ktbe = kernels::tbe;
 at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
                            const at::Tensor& rows_per_table, std::int64_t total_D, std::int64_t max_D,
                            const at::Tensor& indices, const at::Tensor& offsets, std::int64_t pooling_mode,
-                           const std::optional<at::Tensor>& per_sample_weights, at::ScalarType output_dtype) {
+                           const std::optional<at::Tensor>& per_sample_weights, at::ScalarType output_dtype,
+                           const std::optional<at::Tensor>& vbe_bag_starts, std::int64_t vbe_output_size) {
   const ForwardShape s = check_forward_arguments(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D,
                                                  indices, offsets, pooling_mode, per_sample_weights, output_dtype);
+  const std::int64_t vbe_numel = check_vbe_arguments(s, vbe_bag_starts, vbe_output_size, weights);
   const c10::cuda::CUDAGuard guard(weights.device());
   // Raises what an earlier call's kernels recorded (e.g. the bounds check that ran before this lookup).
   (void)common::begin_gpu_call(weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_forward");
-  at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype);
+  at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype, vbe_numel);
   // With no bag at all, NONE-mode rows belong to no bag: they are zeros, and there is nothing to launch.
   if (s.num_features * s.batch_size == 0) return out.zero_();
   if (out.numel() == 0) return out;
@@ -51,6 +53,10 @@ at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_
     p.per_sample_weights = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
     p.output = out.data_ptr();
     p.output_dtype = s.output_dtype;
+    if (vbe_numel >= 0) {
+      p.bag_starts = vbe_bag_starts->data_ptr<std::int64_t>();
+      p.output_numel = vbe_numel;
+    }
     const gpu::status_t st = ktbe::launch_forward(p, gpu::device_wave_size(device), gpu::device_multiprocessors(device),
                                                 stream);
     TORCH_CHECK(st == gpu::kSuccess, "tbe_forward: kernel launch failed: ", gpu::status_string(st));
