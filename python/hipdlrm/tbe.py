@@ -6,11 +6,15 @@ FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` contract for tables resident 
 ``bounds_check_indices`` in the module's mode and then the registered op
 
     torch.ops.hipdlrm.tbe_forward(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D,
-                                  indices, offsets, pooling_mode, per_sample_weights, output_dtype) -> Tensor
+                                  indices, offsets, pooling_mode, per_sample_weights, output_dtype,
+                                  vbe_bag_starts=None, vbe_output_size=-1) -> Tensor
 
 Layout (FBGEMM's, table-major): T features, B bags each; bag b of feature t holds
 ``indices[offsets[t*B + b] : offsets[t*B + b + 1]]``. Pooled modes return ``[B, total_D]`` with feature
-t in columns ``D_offsets[t] : D_offsets[t + 1]``; NONE returns ``[len(indices), D]``.
+t in columns ``D_offsets[t] : D_offsets[t + 1]``; NONE returns ``[len(indices), D]``. With a VBE bag table
+(``vbe_bag_starts``, ``[T*B]``: where each bag's values start in a 1-D output of ``vbe_output_size``, -1 for
+no bag; hipdlrm.fbgemm's variable batch sizes) the pooled output is that 1-D tensor, and the backward ops
+take the same table.
 
 Training: with a fused optimizer, ``loss.backward()`` calls
 
