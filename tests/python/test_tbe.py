@@ -263,9 +263,12 @@ def test_warning_mode_repairs_like_fbgemm(device, capfd):
 
 @pytest.mark.parametrize("device", devices)
 def test_fatal_out_of_range_index_raises(device):
+    """On the GPU the check's record reaches the host without a sync: the lookup that follows raises it
+    when the check has finished by then, else hipdlrm.synchronize() does (docs/errors.md)."""
     module = make_module([(10, 8)], mode=BoundsCheckMode.FATAL, device=device)
     with pytest.raises(RuntimeError, match=r"bounds_check_indices \(FATAL\): index 10"):
         module(torch.tensor([1, 10], device=device), torch.tensor([0, 1, 2], device=device))
+        hipdlrm.synchronize()
 
 
 @pytest.mark.parametrize("device", devices)
@@ -273,6 +276,7 @@ def test_fatal_non_monotone_offsets_raise(device):
     module = make_module([(10, 8)], mode=BoundsCheckMode.FATAL, device=device)
     with pytest.raises(RuntimeError, match="bounds_check_indices \\(FATAL\\): offsets"):
         module(torch.tensor([1, 2, 3], device=device), torch.tensor([0, 2, 1, 3], device=device))
+        hipdlrm.synchronize()
 
 
 def _raw_args(module, indices, offsets, psw=None, output=torch.float32):

@@ -342,8 +342,8 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
       const std::int64_t ro = p.row_offsets[t];
       valid = D >= 1 && D <= p.max_D && (sequence || (d0 >= 0 && d0 + D <= p.total_D)) && idx >= 0 &&
               idx < safe_rows(p, t) && ro >= 0 && ro < p.total_rows - idx &&
-              (sequence || pooled_bag_start(p.bag_starts, p.grad_output_numel, g, g - t * p.batch_size,
-                                            p.total_D, d0, D) >= 0);
+              (sequence || pooled_bag_start(p.bag_starts != nullptr, bag_table_entry(p.bag_starts, g),
+                                            p.grad_output_numel, g - t * p.batch_size, p.total_D, d0, D) >= 0);
       key = ro + idx;
     }
     float s = 0.0f;
@@ -429,7 +429,8 @@ __global__ void __launch_bounds__(kBlock) psw_grad_kernel(BackwardProblem<index_
         const std::int64_t d0 = p.D_offsets[t];
         const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
         go = sequence ? i * p.max_D
-                      : pooled_bag_start(p.bag_starts, p.grad_output_numel, g, g - t * p.batch_size, p.total_D, d0, D);
+                      : pooled_bag_start(p.bag_starts != nullptr, bag_table_entry(p.bag_starts, g),
+                                         p.grad_output_numel, g - t * p.batch_size, p.total_D, d0, D);
         wo = p.weights_offsets[t] + (static_cast<std::int64_t>(w.keys_in[i]) - p.row_offsets[t]) * D;
         cols = static_cast<std::int32_t>(D);
         inv_len = p.pooling_mode == PoolingMode::kMean
@@ -533,8 +534,8 @@ HIPDLRM_DEVICE void fill_cache(const SegmentProblem& p, const Workspace& w, std:
       const std::int64_t d0 = p.D_offsets[t];
       const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
       c.grad = p.sequence ? static_cast<std::int64_t>(pos) * p.max_D
-                          : pooled_bag_start(p.bag_starts, p.grad_output_numel, g, g - t * p.batch_size, p.total_D,
-                                             d0, D);
+                          : pooled_bag_start(p.bag_starts != nullptr, bag_table_entry(p.bag_starts, g),
+                                             p.grad_output_numel, g - t * p.batch_size, p.total_D, d0, D);
       c.row = p.weights_offsets[t] + (static_cast<std::int64_t>(c.key) - p.row_offsets[t]) * D;
       c.cols = static_cast<std::int32_t>(D);
       c.scale = info.scale;

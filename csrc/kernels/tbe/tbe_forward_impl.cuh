@@ -293,19 +293,25 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
 
   std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
   if (g >= bags) return;
+  const bool vbe = p.bag_starts != nullptr;
   BagRange r = bag_range(p, g);
+  std::int64_t entry = bag_table_entry(p.bag_starts, g);
   RowBatch<U> cur = fetch_rows<U>(p, safe_rows(p, feature_of(p, g)), r.start, r.end, r.start);
   for (; g < bags; g += stride) {
-    // The next bag's offsets and table size are read now, so that they have arrived when this bag's
-    // last iteration fetches that bag's first rows.
+    // The next bag's offsets, table size and (VBE) bag-table entry are read now, so that they have
+    // arrived when this bag's last iteration fetches that bag's first rows.
     const std::int64_t g_next = g + stride;
     Upcoming after{BagRange{0, 0}, 0};
-    if (g_next < bags) after = Upcoming{bag_range(p, g_next), safe_rows(p, feature_of(p, g_next))};
+    std::int64_t entry_next = 0;
+    if (g_next < bags) {
+      after = Upcoming{bag_range(p, g_next), safe_rows(p, feature_of(p, g_next))};
+      entry_next = bag_table_entry(p.bag_starts, g_next);
+    }
 
     const std::int64_t t = feature_of(p, g);
     const std::int64_t b = g - t * p.batch_size;
     Feature<W> f = load_feature<W>(p, t, false);
-    const std::int64_t start = pooled_bag_start(p.bag_starts, p.output_numel, g, b, p.total_D, f.out_col, f.cols);
+    const std::int64_t start = pooled_bag_start(vbe, entry, p.output_numel, b, p.total_D, f.out_col, f.cols);
     if (start < 0) f.cols = 0;  // no place in the output: the bag writes nothing
     const std::int64_t len = r.end - r.start;
     const float scale = mean ? (len > 0 ? 1.0f / static_cast<float>(len) : 0.0f) : 1.0f;
@@ -316,6 +322,7 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
       default: pool_bag<W, O, index_t, K, 1>(p, f, r, lane, group, scale, out, cur, after); break;
     }
     r = after.range;
+    entry = entry_next;
   }
 }
 

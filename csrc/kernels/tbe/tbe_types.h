@@ -33,15 +33,20 @@ inline int dtype_bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 // Where bag g (feature t's bag b = g - t * B, first column d0, D columns) starts in the pooled output, or -1
 // when it has no place there. Without a bag table the output is [B, total_D]: b * total_D + d0 (the callers
 // keep d0 + D <= total_D). With one (bag_starts [T * B], VBE: FBGEMM's 1-D output of output_numel values,
-// bag-major within each rank's block of each feature) it is bag_starts[g] when its D values lie inside the
-// output, else -1 (-1 itself: a padded slot, no bag). A bag without a place is not written by the forward
-// and its lookups get no gradient. Every forward and backward, CPU and GPU, addresses bags through this.
-HIPDLRM_HOST_DEVICE std::int64_t pooled_bag_start(const std::int64_t* bag_starts, std::int64_t output_numel,
-                                                   std::int64_t g, std::int64_t b, std::int64_t total_D,
-                                                   std::int64_t d0, std::int64_t D) {
-  if (bag_starts == nullptr) return b * total_D + d0;
-  const std::int64_t start = bag_starts[g];
-  return start >= 0 && D <= output_numel - start ? start : -1;
+// bag-major within each rank's block of each feature) it is the bag's entry, bag_starts[g] (`entry`, loaded
+// by the caller: bag_table_entry), when its D values lie inside the output, else -1 (-1 itself: a padded
+// slot, no bag). A bag without a place is not written by the forward and its lookups get no gradient.
+// Every forward and backward, CPU and GPU, addresses bags through this.
+HIPDLRM_HOST_DEVICE std::int64_t pooled_bag_start(bool vbe, std::int64_t entry, std::int64_t output_numel,
+                                                   std::int64_t b, std::int64_t total_D, std::int64_t d0,
+                                                   std::int64_t D) {
+  if (!vbe) return b * total_D + d0;
+  return entry >= 0 && D <= output_numel - entry ? entry : -1;
+}
+
+// Bag g's entry of the bag table, 0 without one.
+HIPDLRM_HOST_DEVICE std::int64_t bag_table_entry(const std::int64_t* bag_starts, std::int64_t g) {
+  return bag_starts != nullptr ? bag_starts[g] : 0;
 }
 
 // One forward call. "Feature" is a slot of the table-major layout (T of them, B bags each); several

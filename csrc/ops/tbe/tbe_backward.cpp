@@ -109,7 +109,8 @@ struct Context {
   const float* grad_row(std::int64_t pos, std::int64_t g, std::int64_t t, std::int64_t D) const {
     if (shape->forward.pooling_mode == PoolingMode::kNone) return grad_output + pos * max_D;
     const std::int64_t B = shape->forward.batch_size;
-    return grad_output + ktbe::pooled_bag_start(bag_starts, vbe_output_numel, g, g - t * B, total_D, D_offsets[t], D);
+    return grad_output + ktbe::pooled_bag_start(bag_starts != nullptr, ktbe::bag_table_entry(bag_starts, g),
+                                                vbe_output_numel, g - t * B, total_D, D_offsets[t], D);
   }
 };
 

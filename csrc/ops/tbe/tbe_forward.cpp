@@ -121,7 +121,8 @@ void forward_cpu_typed(const ForwardShape& s, const W* weights, const std::int64
       }
       const std::int64_t len = stop - start;
       const float scale = mean ? (len > 0 ? 1.0f / static_cast<float>(len) : 0.0f) : 1.0f;
-      const std::int64_t at = kernels::tbe::pooled_bag_start(bag_starts, output_numel, g, b, total_D, doff[t], D);
+      const std::int64_t at = kernels::tbe::pooled_bag_start(
+          bag_starts != nullptr, kernels::tbe::bag_table_entry(bag_starts, g), output_numel, b, total_D, doff[t], D);
       if (at < 0) continue;  // a padded slot: no bag
       O* o = out + at;
       for (std::int64_t d = 0; d < D; ++d) o[d] = static_cast<O>(acc[d] * scale);
