@@ -23,14 +23,16 @@ void expect_layout(std::int64_t max_D, int elem_bytes, int wave, int max_vecs, i
 
 at::Tensor tbe_forward(const at::Tensor& weights, const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
                        const at::Tensor& rows, int64_t total_D, int64_t max_D, const at::Tensor& indices,
-                       const at::Tensor& offsets, int64_t pooling_mode) {
+                       const at::Tensor& offsets, int64_t pooling_mode,
+                       const std::optional<at::Tensor>& vbe_bag_starts = std::nullopt, int64_t vbe_output_size = -1) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("hipdlrm::tbe_forward", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                          int64_t, int64_t, const at::Tensor&, const at::Tensor&, int64_t,
-                                         const std::optional<at::Tensor>&, at::ScalarType)>();
+                                         const std::optional<at::Tensor>&, at::ScalarType,
+                                         const std::optional<at::Tensor>&, int64_t)>();
   return op.call(weights, weights_offsets, D_offsets, rows, total_D, max_D, indices, offsets, pooling_mode,
-                 std::nullopt, at::kFloat);
+                 std::nullopt, at::kFloat, vbe_bag_starts, vbe_output_size);
 }
 
 at::Tensor i64(std::vector<int64_t> v) { return torch::tensor(v, torch::kLong); }
@@ -85,6 +87,19 @@ TEST(TbeForwardCpu, SumMeanAndSequence) {
   auto seq = tbe_forward(weights.slice(0, 0, 6), i64({0, 0}), i32({0, 2, 4}), i64({3, 3}), 4, 2, i64({2, 0, 1}),
                          i64({0, 1, 1, 3, 3}), 2);
   EXPECT_TRUE(torch::equal(seq, torch::tensor({{5.f, 6.f}, {1.f, 2.f}, {3.f, 4.f}})));
+}
+
+TEST(TbeForwardCpu, VbeBagTablePlacesEachBag) {
+  // The SUM case above with a bag table: feature 0's bags at 0 and 5, feature 1's first slot empty (-1),
+  // its second bag at 2; element 7 belongs to no bag and stays 0.
+  auto weights = torch::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 10.f, 20.f, 30.f, 40.f, 50.f, 60.f});
+  auto out = tbe_forward(weights, i64({0, 6}), i32({0, 2, 5}), i64({3, 2}), 5, 3, i64({0, 2, 1, 1, 0}),
+                         i64({0, 2, 3, 3, 5}), 0, i64({0, 5, -1, 2}), 8);
+  EXPECT_TRUE(torch::equal(out, torch::tensor({6.f, 8.f, 50.f, 70.f, 90.f, 3.f, 4.f, 0.f})));
+  // A start whose bag would reach past the output is an error on the CPU.
+  EXPECT_THROW(tbe_forward(weights, i64({0, 6}), i32({0, 2, 5}), i64({3, 2}), 5, 3, i64({0, 2, 1, 1, 0}),
+                           i64({0, 2, 3, 3, 5}), 0, i64({0, 7, -1, 2}), 8),
+               c10::Error);
 }
 
 TEST(TbeForwardCpu, RejectsOutOfRangeIndex) {
