@@ -108,6 +108,11 @@ EXPECT = [
          reason="U rows x K vectors in flight per lane (about 8 16-byte loads, rows_in_flight in "
                 "tbe_forward_impl.cuh) trade waves for memory parallelism within the wave"),
     dict(match=r"^tbe_sequence_kernel<", min_waves=2, no_atomics=True, reason="as the pooled lookup"),
+    dict(match=r"^vbe_scan_kernel\b", min_waves=1, max_atomics=3,
+         reason="VBE bag plan: one block scans the batch sizes once per call (a few microseconds); one "
+                "compare-and-swap per check that fails (the device error record; error path)"),
+    dict(match=r"^vbe_place_kernel\b", min_waves=4, no_atomics=True,
+         reason="VBE bag plan: a binary search per bag over the blocks' first bags"),
     dict(match=r"^linearize_kernel<", min_waves=4, no_atomics=True, reason="backward stage 1: W-ary search"),
     dict(match=r"^psw_grad_kernel<", min_waves=4, no_atomics=True,
          reason="backward stage 2: dot products, two lookups' rows in flight"),

@@ -312,24 +312,31 @@ def _require_unset(name: str, value, what: str) -> None:
 class _MaskPerSampleWeightGrad(torch.autograd.Function):
     """Identity on the per-sample weights whose backward zeroes the gradient of the features whose
     ``feature_requires_grad`` entry is 0 (FBGEMM's meaning of that argument). The feature of each position
-    comes from ``offsets`` as they are when the backward runs, i.e. after the forward's bounds check."""
+    comes from ``offsets`` as they are when the backward runs, i.e. after the forward's bounds check: feature
+    f's bags are ``B_offsets[f] : B_offsets[f + 1]`` (VBE), else the f-th of T equal runs."""
 
     @staticmethod
-    def forward(ctx, per_sample_weights, offsets, feature_requires_grad, num_features):
+    def forward(ctx, per_sample_weights, offsets, feature_requires_grad, num_features, B_offsets=None):
         ctx.offsets, ctx.feature_requires_grad, ctx.num_features = offsets, feature_requires_grad, num_features
+        ctx.B_offsets = B_offsets
         return per_sample_weights.view_as(per_sample_weights)
 
     @staticmethod
     def backward(ctx, grad):
         offsets = ctx.offsets
         batch = (offsets.numel() - 1) // ctx.num_features
-        feature_starts = offsets[::batch].to(torch.int64) if batch > 0 else offsets[:1].to(torch.int64)
+        if ctx.B_offsets is not None:
+            feature_starts = offsets.index_select(0, ctx.B_offsets[:-1].to(torch.int64)).to(torch.int64)
+        elif batch > 0:
+            feature_starts = offsets[::batch].to(torch.int64).contiguous()
+        else:
+            feature_starts = offsets[:1].to(torch.int64)
         positions = torch.arange(grad.numel(), device=grad.device)
         feature = torch.bucketize(positions, feature_starts, right=True) - 1
         in_a_feature = (feature >= 0) & (feature < ctx.num_features)
         flags = ctx.feature_requires_grad.to(device=grad.device) != 0
         keep = in_a_feature & flags[feature.clamp(0, ctx.num_features - 1)]
-        return grad * keep.to(grad.dtype), None, None, None
+        return grad * keep.to(grad.dtype), None, None, None, None
 
 
 def _batch_sizes(value, num_features: int, num_bags: int) -> Tuple[Tuple[int, ...], ...]:
@@ -376,16 +383,12 @@ def _host_to_device(values, dtype: torch.dtype, device: torch.device) -> torch.T
 
 
 class _VBELayout:
-    """How one ``batch_size_per_feature_per_rank`` maps onto the fixed-batch lookup, built once per distinct
-    value on the tables' device from sizes known on the host (no tensor value is read back).
-
-    The lookup runs on T x max_B bags, max_B = max_f sum_r B[f][r]: slot b of feature f is the feature's
-    b-th bag (its ranks' bags in order) for b < B_f, an empty bag after that. ``offsets_map`` picks, for
-    each of the T * max_B + 1 padded offsets, the VBE offset it equals (an empty slot repeats the feature's
-    end), so the padded offsets are one gather of the caller's. ``bag_starts`` gives, for each of the
-    T * max_B slots, where its bag's D_f values start in FBGEMM's VBE output (rank-major, then feature:
-    block (r, f) holds B[f][r] x D_f values, bag-major), -1 for an empty slot: the lookup writes (and its
-    backward reads) that layout directly (tbe_forward's vbe_bag_starts)."""
+    """One ``batch_size_per_feature_per_rank`` on the tables' device, built once per distinct value from sizes
+    known on the host (no tensor value is read back): ``batch_sizes`` ([T, R] int64, tbe_forward's
+    vbe_batch_sizes: the op plans FBGEMM's layout itself), the output's size, the bounds check's
+    ``B_offsets`` / ``max_B``, and for a pre-allocated output (vbe_output) each output block's size and start
+    in FBGEMM's layout (rank-major, then feature: block (r, f) holds B[f][r] x D_f values, bag-major), on the
+    host (the CPU path's checks) and on the device."""
 
     def __init__(self, batch_sizes: Tuple[Tuple[int, ...], ...], dims: List[int], device: torch.device) -> None:
         T, R = len(batch_sizes), len(batch_sizes[0])
@@ -394,46 +397,16 @@ class _VBELayout:
         B_offsets = [0]
         for b in per_feature:
             B_offsets.append(B_offsets[-1] + b)
-        D_offsets = [0]
-        for d in dims:
-            D_offsets.append(D_offsets[-1] + d)
-        total_D, total_bags = D_offsets[-1], B_offsets[-1]
         self.B_offsets = _host_to_device(B_offsets, torch.int32, device)
+        self.batch_sizes = _host_to_device([list(row) for row in batch_sizes], torch.int64, device)
         self.output_size = sum(b * dims[f] for f, row in enumerate(batch_sizes) for b in row)
-        index_dtype = torch.int32 if total_bags + 1 < 2**31 - 1 else torch.int64
-
-        slot = torch.arange(self.max_B, dtype=torch.int64, device=device)
-        bounds = self.B_offsets.to(torch.int64)
-        starts, counts = bounds[:-1].unsqueeze(1), (bounds[1:] - bounds[:-1]).unsqueeze(1)
-        self.offsets_map = torch.cat([(starts + torch.minimum(slot.unsqueeze(0), counts)).flatten(),
-                                      torch.full((1,), total_bags, dtype=torch.int64, device=device)]).to(index_dtype)
-
-        # Per output block (r, f), rank-major: its bag count B[f][r], the padded slot of its first bag
-        # (rank r's first bag of feature f is the feature's slot first_slot[f][r]), and D_f.
-        first_slot = []
-        for row in batch_sizes:
-            slots = [0]
-            for b in row[:-1]:
-                slots.append(slots[-1] + b)
-            first_slot.append(slots)
-        block = _host_to_device([[batch_sizes[f][r], f * self.max_B + first_slot[f][r], dims[f]]
-                                 for r in range(R) for f in range(T)], torch.int64, device)
-        bags, first_padded_slot, dim = block.view(R * T, 3).unbind(1)
-        # For a pre-allocated output (vbe_output): each block's size and its start in FBGEMM's layout, on the
-        # host (the CPU path's checks) and on the device.
         self.num_ranks = R
         self.block_sizes_host = [batch_sizes[f][r] * dims[f] for r in range(R) for f in range(T)]
-        self.block_sizes = bags * dim
+        self.block_sizes = _host_to_device(self.block_sizes_host, torch.int64, device)
         self.block_starts = torch.cumsum(self.block_sizes, 0) - self.block_sizes
-        # Then per output bag (row of D_f values), in the output's order: its padded slot and its start.
-        block_of = torch.repeat_interleave(torch.arange(R * T, device=device), bags, output_size=total_bags)
-        bag_in_block = torch.arange(total_bags, device=device) - (torch.cumsum(bags, 0) - bags)[block_of]
-        row_dim = dim[block_of]
-        self.bag_starts = torch.full((T * self.max_B,), -1, dtype=torch.int64, device=device)
-        self.bag_starts[first_padded_slot[block_of] + bag_in_block] = torch.cumsum(row_dim, 0) - row_dim
 
 
-# Distinct batch-size layouts kept per module (each holds an index map the size of its output).
+# Distinct batch-size layouts kept per module.
 _VBE_LAYOUTS_KEPT = 4
 
 
@@ -735,11 +708,9 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                      vbe_output: Optional[torch.Tensor] = None,
                      vbe_output_offsets: Optional[torch.Tensor] = None) -> torch.Tensor:
         """VBE: the VBE-mode bounds check on the caller's tensors (its count in ``bounds_check_warning``),
-        the padded offsets gathered from them, and the lookup of T x max_B bags (the padded slots are empty
-        bags, which add nothing to the forward, the gradient or the update) writing FBGEMM's 1-D layout
-        directly through the layout's bag starts (its backward reads the gradient there); with
-        ``vbe_output``, that output written into it at ``vbe_output_offsets``. The padded offsets are a
-        gather of checked ones: the lookup runs no second bounds check."""
+        then the lookup of their bags with the batch sizes (tbe_forward's vbe_batch_sizes), which writes
+        FBGEMM's 1-D layout directly (its backward reads the gradient there); with ``vbe_output``, that
+        output written into it at ``vbe_output_offsets``."""
         if self.pooling_mode == PoolingMode.NONE:
             raise NotImplementedError("batch_size_per_feature_per_rank (VBE) with PoolingMode.NONE is not supported "
                                       "(FBGEMM does not support it either); use SUM or MEAN, or pass None")
@@ -764,12 +735,11 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
                 indices.copy_(idx)
             if off is not offsets:
                 offsets.copy_(off)
-        padded_offsets = off.index_select(0, layout.offsets_map)
         if feature_requires_grad is not None:
-            per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, padded_offsets,
-                                                                feature_requires_grad, self.num_features)
-        self._check_inputs(idx, padded_offsets, per_sample_weights)
-        output = self._lookup(idx, padded_offsets, per_sample_weights, vbe=(layout.bag_starts, layout.output_size))
+            per_sample_weights = _MaskPerSampleWeightGrad.apply(per_sample_weights, off, feature_requires_grad,
+                                                                self.num_features, layout.B_offsets)
+        self._check_inputs(idx, off, per_sample_weights, vbe=True)
+        output = self._lookup(idx, off, per_sample_weights, vbe=(layout.batch_sizes, layout.output_size))
         if vbe_output is None:
             return output
         # FBGEMM's pre-allocated output: block (r, f) written at vbe_output_offsets[r][f], in place, and
@@ -1103,7 +1073,7 @@ class SplitTableBatchedEmbeddingBagsCodegen(TableBatchedEmbedding):
         reads them)."""
         batch = (offsets.numel() - 1) // self.num_features
         if batch > 0:
-            feature_starts = offsets[::batch].to(torch.int64)
+            feature_starts = offsets[::batch].to(torch.int64).contiguous()
         else:
             feature_starts = offsets[:1].to(torch.int64)
         positions = torch.arange(per_sample_weights.numel(), device=per_sample_weights.device)

@@ -7,14 +7,15 @@ FBGEMM's ``SplitTableBatchedEmbeddingBagsCodegen`` contract for tables resident 
 
     torch.ops.hipdlrm.tbe_forward(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D,
                                   indices, offsets, pooling_mode, per_sample_weights, output_dtype,
-                                  vbe_bag_starts=None, vbe_output_size=-1) -> Tensor
+                                  vbe_batch_sizes=None, vbe_output_size=-1) -> Tensor
 
 Layout (FBGEMM's, table-major): T features, B bags each; bag b of feature t holds
 ``indices[offsets[t*B + b] : offsets[t*B + b + 1]]``. Pooled modes return ``[B, total_D]`` with feature
-t in columns ``D_offsets[t] : D_offsets[t + 1]``; NONE returns ``[len(indices), D]``. With a VBE bag table
-(``vbe_bag_starts``, ``[T*B]``: where each bag's values start in a 1-D output of ``vbe_output_size``, -1 for
-no bag; hipdlrm.fbgemm's variable batch sizes) the pooled output is that 1-D tensor, and the backward ops
-take the same table.
+t in columns ``D_offsets[t] : D_offsets[t + 1]``; NONE returns ``[len(indices), D]``. VBE (variable batch
+sizes, FBGEMM's ``batch_size_per_feature_per_rank``): ``vbe_batch_sizes`` is ``[T, R]`` int64 on the tables'
+device, ``offsets`` then holds ``vbe_batch_sizes.sum()`` bags feature-major (feature, rank, bag) and the
+pooled output is FBGEMM's 1-D layout of ``vbe_output_size`` values, rank-major (rank, feature, bag); the
+backward ops take the same batch sizes.
 
 Training: with a fused optimizer, ``loss.backward()`` calls
 
@@ -114,11 +115,11 @@ _PARTIAL_ROWWISE = (OptimType.PARTIAL_ROWWISE_ADAM, OptimType.PARTIAL_ROWWISE_LA
 
 @torch.library.register_fake("hipdlrm::tbe_forward")
 def _tbe_forward_fake(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets,
-                      pooling_mode, per_sample_weights, output_dtype, vbe_bag_starts=None, vbe_output_size=-1):
+                      pooling_mode, per_sample_weights, output_dtype, vbe_batch_sizes=None, vbe_output_size=-1):
     num_features = weights_offsets.numel()
     torch._check(num_features >= 1, lambda: "tbe_forward: there must be at least one feature")
-    if vbe_bag_starts is not None:
-        torch._check(vbe_output_size >= 0, lambda: "tbe_forward: vbe_output_size must be >= 0 with vbe_bag_starts")
+    if vbe_batch_sizes is not None:
+        torch._check(vbe_output_size >= 0, lambda: "tbe_forward: vbe_output_size must be >= 0 with vbe_batch_sizes")
         return weights.new_empty((vbe_output_size,), dtype=output_dtype)
     if pooling_mode == PoolingMode.NONE:
         return weights.new_empty((indices.numel(), max_D), dtype=output_dtype)
@@ -155,9 +156,9 @@ def _tbe_backward_sparse_fake(grad_output, weights, *args):
 
 def _tbe_forward_setup_context(ctx, inputs, output):
     (weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D, indices, offsets, pooling_mode,
-     per_sample_weights, output_dtype, vbe_bag_starts, vbe_output_size) = inputs
+     per_sample_weights, output_dtype, vbe_batch_sizes, vbe_output_size) = inputs
     ctx.save_for_backward(weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights,
-                          vbe_bag_starts)
+                          vbe_batch_sizes)
     ctx.total_D, ctx.max_D, ctx.pooling_mode = total_D, max_D, pooling_mode
 
 
@@ -168,12 +169,12 @@ def _tbe_forward_backward(ctx, grad_output):
     that overlap in `weights`, then give separate segments for the same elements, which the scatter adds.
     So any metadata gives the gradient of what the forward computed, with no host read (traceable)."""
     (weights, weights_offsets, D_offsets, rows_per_table, indices, offsets, per_sample_weights,
-     vbe_bag_starts) = ctx.saved_tensors
+     vbe_batch_sizes) = ctx.saved_tensors
     T, numel = weights_offsets.numel(), weights.numel()
     row_offsets = torch.arange(T, dtype=torch.int64, device=weights.device) * numel
     element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
         grad_output.contiguous(), weights.detach(), weights_offsets, D_offsets, rows_per_table, row_offsets,
-        T * numel, ctx.total_D, ctx.max_D, indices, offsets, ctx.pooling_mode, per_sample_weights, vbe_bag_starts)
+        T * numel, ctx.total_D, ctx.max_D, indices, offsets, ctx.pooling_mode, per_sample_weights, vbe_batch_sizes)
     grad_weights = None
     if ctx.needs_input_grad[0]:
         grad_weights = torch.zeros(numel, dtype=values.dtype, device=values.device)
@@ -197,7 +198,7 @@ class TBELookupFunction(torch.autograd.Function):
     """The module's lookup as an autograd node: forward = ``tbe_forward``; backward = the fused update
     (no gradient for the weights, which do not require one; the empty placeholder gets an empty one) or,
     for OptimType.NONE, the sparse gradient. The per-sample weights get their gradient whenever they
-    require it. ``vbe``: (bag starts, output size) of a VBE lookup (tbe_forward's vbe_bag_starts and
+    require it. ``vbe``: (batch sizes, output size) of a VBE lookup (tbe_forward's vbe_batch_sizes and
     vbe_output_size), or None."""
 
     @staticmethod
@@ -209,7 +210,7 @@ class TBELookupFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         module = ctx.module
-        indices, offsets, per_sample_weights, bag_starts = ctx.saved_tensors
+        indices, offsets, per_sample_weights, batch_sizes = ctx.saved_tensors
         if module.gradient_clipping:
             # FBGEMM's clipping: each element of the output's gradient, before the backward (so the per-sample
             # weights' gradient is the clipped one's too).
@@ -220,10 +221,10 @@ class TBELookupFunction(torch.autograd.Function):
         if module.optimizer in _FUSED and ctx.needs_input_grad[5]:
             grad_psw = torch.ops.hipdlrm.tbe_backward(grad_output, module.weights.detach(), *module._lookup_metadata(),
                                                       *lookup, *module._optimizer_arguments(),
-                                                      vbe_bag_starts=bag_starts)
+                                                      vbe_batch_sizes=batch_sizes)
         else:
             element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
-                grad_output, module.weights.detach(), *module._lookup_metadata(), *lookup, vbe_bag_starts=bag_starts)
+                grad_output, module.weights.detach(), *module._lookup_metadata(), *lookup, vbe_batch_sizes=batch_sizes)
             if ctx.needs_input_grad[3]:
                 grad_weights = module._sparse_gradient(element, values)
         if not ctx.needs_input_grad[4]:
@@ -654,11 +655,11 @@ class TableBatchedEmbedding(nn.Module):
         return f"{self.optimizer.name}'s state"
 
     def _forward_op(self, weights, indices, offsets, per_sample_weights, vbe=None) -> torch.Tensor:
-        """tbe_forward; ``vbe``: (bag starts, output size), the VBE lookup's 1-D output (hipdlrm.fbgemm)."""
-        bag_starts, output_size = (None, -1) if vbe is None else vbe
+        """tbe_forward; ``vbe``: (batch sizes, output size), the VBE lookup's 1-D output (hipdlrm.fbgemm)."""
+        batch_sizes, output_size = (None, -1) if vbe is None else vbe
         return torch.ops.hipdlrm.tbe_forward(weights, self.weights_offsets, self.D_offsets, self.rows_per_table,
                                              self.total_D, self.max_D, indices, offsets, int(self.pooling_mode),
-                                             per_sample_weights, self.output_dtype, bag_starts, output_size)
+                                             per_sample_weights, self.output_dtype, batch_sizes, output_size)
 
     def _lookup_weights(self) -> torch.Tensor:
         """The tables as the lookup's autograd input (``TBELookupFunction``'s ``weights``): the flat
@@ -748,12 +749,13 @@ class TableBatchedEmbedding(nn.Module):
         return self._forward_op(self.weights, indices, offsets, per_sample_weights, vbe)
 
     def _check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor,
-                      per_sample_weights: Optional[torch.Tensor]) -> None:
-        """Eager: what is not a tensor at all, then the checks a scripted module runs too."""
+                      per_sample_weights: Optional[torch.Tensor], vbe: bool = False) -> None:
+        """Eager: what is not a tensor at all, then the checks a scripted module runs too (``vbe``: the
+        offsets' count follows the batch sizes, checked by the caller)."""
         for name, t in (("indices", indices), ("offsets", offsets), ("per_sample_weights", per_sample_weights)):
             if not isinstance(t, torch.Tensor) and not (name == "per_sample_weights" and t is None):
                 raise ValueError(f"{name} must be a tensor, got {type(t).__name__}")
-        self._scripted_check_inputs(indices, offsets, per_sample_weights)
+        self._scripted_check_inputs(indices, offsets, per_sample_weights, vbe)
 
     def extra_repr(self) -> str:
         return (f"tables={len(self.embedding_specs)}, features={self.num_features}, total_D={self.total_D}, "
@@ -781,10 +783,10 @@ class TableBatchedEmbedding(nn.Module):
             raise ValueError(f"{name} is on {t.device} but the tables are on {self.weights.device}")
 
     def _scripted_check_inputs(self, indices: torch.Tensor, offsets: torch.Tensor,
-                               per_sample_weights: Optional[torch.Tensor]) -> None:
+                               per_sample_weights: Optional[torch.Tensor], vbe: bool = False) -> None:
         self._scripted_check_index_tensor("indices", indices)
         self._scripted_check_index_tensor("offsets", offsets)
-        if offsets.numel() < 1 or (offsets.numel() - 1) % self.num_features != 0:
+        if not vbe and (offsets.numel() < 1 or (offsets.numel() - 1) % self.num_features != 0):
             raise ValueError(f"offsets must have T * B + 1 entries (T = {self.num_features} features), "
                              f"got {offsets.numel()}")
         if per_sample_weights is not None:

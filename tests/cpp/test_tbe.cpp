@@ -24,7 +24,7 @@ void expect_layout(std::int64_t max_D, int elem_bytes, int wave, int max_vecs, i
 at::Tensor tbe_forward(const at::Tensor& weights, const at::Tensor& weights_offsets, const at::Tensor& D_offsets,
                        const at::Tensor& rows, int64_t total_D, int64_t max_D, const at::Tensor& indices,
                        const at::Tensor& offsets, int64_t pooling_mode,
-                       const std::optional<at::Tensor>& vbe_bag_starts = std::nullopt, int64_t vbe_output_size = -1) {
+                       const std::optional<at::Tensor>& vbe_batch_sizes = std::nullopt, int64_t vbe_output_size = -1) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("hipdlrm::tbe_forward", "")
                        .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
@@ -32,7 +32,7 @@ at::Tensor tbe_forward(const at::Tensor& weights, const at::Tensor& weights_offs
                                          const std::optional<at::Tensor>&, at::ScalarType,
                                          const std::optional<at::Tensor>&, int64_t)>();
   return op.call(weights, weights_offsets, D_offsets, rows, total_D, max_D, indices, offsets, pooling_mode,
-                 std::nullopt, at::kFloat, vbe_bag_starts, vbe_output_size);
+                 std::nullopt, at::kFloat, vbe_batch_sizes, vbe_output_size);
 }
 
 at::Tensor i64(std::vector<int64_t> v) { return torch::tensor(v, torch::kLong); }
@@ -89,17 +89,41 @@ TEST(TbeForwardCpu, SumMeanAndSequence) {
   EXPECT_TRUE(torch::equal(seq, torch::tensor({{5.f, 6.f}, {1.f, 2.f}, {3.f, 4.f}})));
 }
 
-TEST(TbeForwardCpu, VbeBagTablePlacesEachBag) {
-  // The SUM case above with a bag table: feature 0's bags at 0 and 5, feature 1's first slot empty (-1),
-  // its second bag at 2; element 7 belongs to no bag and stays 0.
+TEST(TbeForwardCpu, VbePlacesEachBagInFbgemmsLayout) {
+  // Two features (dims 2 and 3) from two ranks, batch sizes [[1, 1], [0, 1]]: the offsets hold the bags
+  // feature-major (f0 r0, f0 r1, f1 r1), the output rank-major: rank 0's f0 bag at 0, then rank 1's f0 bag
+  // at 2 and its f1 bag at 4, 7 values in all (rank 0 has no f1 bag: an empty block).
   auto weights = torch::tensor({1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 10.f, 20.f, 30.f, 40.f, 50.f, 60.f});
+  const auto batch_sizes = i64({1, 1, 0, 1}).view({2, 2});
   auto out = tbe_forward(weights, i64({0, 6}), i32({0, 2, 5}), i64({3, 2}), 5, 3, i64({0, 2, 1, 1, 0}),
-                         i64({0, 2, 3, 3, 5}), 0, i64({0, 5, -1, 2}), 8);
-  EXPECT_TRUE(torch::equal(out, torch::tensor({6.f, 8.f, 50.f, 70.f, 90.f, 3.f, 4.f, 0.f})));
-  // A start whose bag would reach past the output is an error on the CPU.
+                         i64({0, 2, 3, 5}), 0, batch_sizes, 7);
+  EXPECT_TRUE(torch::equal(out, torch::tensor({6.f, 8.f, 3.f, 4.f, 50.f, 70.f, 90.f})));
+  // Batch sizes that do not sum to the offsets' bags, or whose values do not fill the output, are errors.
   EXPECT_THROW(tbe_forward(weights, i64({0, 6}), i32({0, 2, 5}), i64({3, 2}), 5, 3, i64({0, 2, 1, 1, 0}),
-                           i64({0, 2, 3, 3, 5}), 0, i64({0, 7, -1, 2}), 8),
+                           i64({0, 2, 3, 5}), 0, i64({1, 1, 1, 1}).view({2, 2}), 7),
                c10::Error);
+  EXPECT_THROW(tbe_forward(weights, i64({0, 6}), i32({0, 2, 5}), i64({3, 2}), 5, 3, i64({0, 2, 1, 1, 0}),
+                           i64({0, 2, 3, 5}), 0, batch_sizes, 8),
+               c10::Error);
+}
+
+TEST(TbeVbePlan, BagsOfEmptyBlocksGoToTheNextBlock) {
+  // Blocks (feature-major, R = 2) with 2, 0, 0 and 1 bags; dims 4 and 8; output rank-major: block 0 (f0 r0)
+  // at 0, block 2 (f1 r0) at 8, block 1 (f0 r1) at 8, block 3 (f1 r1) at 8.
+  namespace ktbe = hipdlrm::kernels::tbe;
+  const std::int64_t bag_first[] = {0, 2, 2, 2, 3};
+  const std::int64_t out_first[] = {0, 8, 8, 8};
+  const std::int32_t D_offsets[] = {0, 4, 12};
+  const ktbe::BagPlace expected[] = {{0, 0}, {0, 4}, {1, 8}};
+  for (std::int64_t g = 0; g < 3; ++g) {
+    const ktbe::BagPlace p = ktbe::vbe_plan_bag(bag_first, out_first, 4, 2, D_offsets, g);
+    EXPECT_EQ(p.feature, expected[g].feature) << g;
+    EXPECT_EQ(p.start, expected[g].start) << g;
+  }
+  EXPECT_EQ(ktbe::vbe_block_error(-1, 4, 3), ktbe::VbePlanError::kBatchSize);
+  EXPECT_EQ(ktbe::vbe_block_error(4, 4, 3), ktbe::VbePlanError::kBatchSize);
+  EXPECT_EQ(ktbe::vbe_block_error(1, 0, 3), ktbe::VbePlanError::kDim);
+  EXPECT_EQ(ktbe::vbe_block_error(3, 1, 3), ktbe::VbePlanError::kNone);
 }
 
 TEST(TbeForwardCpu, RejectsOutOfRangeIndex) {

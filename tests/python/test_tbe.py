@@ -655,127 +655,159 @@ def test_raw_op_dense_gradient_with_tables_sharing_storage(layout):
 
 
 # ----------------------------------------------------------------------------------------------
-# VBE's bag table (tbe_forward's vbe_bag_starts / vbe_output_size, hipdlrm.fbgemm's VBE lookup)
+# VBE (tbe_forward's vbe_batch_sizes / vbe_output_size, hipdlrm.fbgemm's VBE lookup)
 # ----------------------------------------------------------------------------------------------
+
+VBE_RANKS = 3
 
 
 def _vbe_case(device, pooling=PoolingMode.SUM, weighted=True, seed=5):
-    """A fixed-batch lookup and a bag table for it: every slot's bag placed at a shuffled position of a
-    1-D output with a gap after each bag (elements no bag covers), a fifth of the slots -1 (no bag)."""
+    """A VBE lookup in FBGEMM's layout: T features from 3 ranks, batch sizes in [0, 3] (blocks without a bag
+    among them), bags of 0..5 indices (some pruned), listed feature-major (feature, rank, bag)."""
     module = make_module(MIXED_SPECS, MIXED_MAP, pooling, device=device, seed=seed)
-    B = 6
-    indices, offsets, psw = make_inputs(module, B, seed + 1, weighted=weighted)
-    g = torch.Generator().manual_seed(seed + 2)
+    g = torch.Generator().manual_seed(seed + 1)
     T = module.num_features
-    dims = (module.D_offsets[1:] - module.D_offsets[:-1]).cpu().tolist()
-    slots = [s for s in torch.randperm(T * B, generator=g).tolist() if torch.rand(1, generator=g).item() > 0.2]
-    starts, size = torch.full((T * B,), -1, dtype=torch.int64), 0
-    for s in slots:
-        starts[s] = size
-        size += dims[s // B] + 1
+    batch_sizes = torch.randint(0, 4, (T, VBE_RANKS), generator=g)
+    G = int(batch_sizes.sum())
+    lengths = torch.randint(0, 6, (G,), generator=g)
+    offsets = torch.zeros(G + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    rows = module.rows_per_table.cpu()
+    bag_feature = torch.repeat_interleave(torch.arange(T), batch_sizes.sum(1))
+    indices = torch.cat([torch.randint(0, int(rows[t]), (int(n),), generator=g)
+                         for t, n in zip(bag_feature.tolist(), lengths.tolist())] + [torch.zeros(0, dtype=torch.int64)])
+    indices[torch.rand(indices.numel(), generator=g) < 0.1] = -1
+    psw = torch.rand(indices.numel(), generator=g) * 2 - 0.5 if weighted else None
+    dims = (module.D_offsets[1:] - module.D_offsets[:-1]).cpu()
+    size = int((batch_sizes * dims.unsqueeze(1)).sum())
     psw = None if psw is None else psw.to(device)
-    return module, indices.to(device), offsets.to(device), psw, starts.to(device), size, dims, B
+    return module, indices.to(device), offsets.to(device), psw, batch_sizes.to(device), size
 
 
-def _scatter_fixed(fixed, starts, size, dims, B):
-    """The 1-D VBE output a bag table asks for, from the fixed-batch output [B, total_D]."""
-    out = torch.zeros(size, dtype=fixed.dtype)
-    d0 = [0]
-    for d in dims:
-        d0.append(d0[-1] + d)
-    for s, start in enumerate(starts.tolist()):
-        if start >= 0:
-            t, b = s // B, s % B
-            out[start:start + dims[t]] = fixed[b, d0[t]:d0[t + 1]].cpu()
-    return out
+def _vbe_reference(module, weights, indices, offsets, psw, batch_sizes):
+    """FBGEMM's VBE output, written independently: each bag pooled in plain PyTorch (differentiable in the
+    weights and per-sample weights), the bags then listed rank-major (rank, feature, bag)."""
+    T, R = batch_sizes.shape
+    bs = batch_sizes.cpu().tolist()
+    wo, rows = module.weights_offsets.cpu().tolist(), module.rows_per_table.cpu().tolist()
+    d0 = module.D_offsets.cpu().tolist()
+    idx, off = indices.cpu().tolist(), offsets.cpu().tolist()
+    pooled = {}
+    g = 0
+    for t in range(T):
+        D = d0[t + 1] - d0[t]
+        table = weights[wo[t]:wo[t] + rows[t] * D].view(rows[t], D)
+        for r in range(R):
+            for b in range(bs[t][r]):
+                acc = weights.new_zeros(D, dtype=torch.float32)
+                for i in range(off[g], off[g + 1]):
+                    if idx[i] >= 0:
+                        acc = acc + table[idx[i]].float() * (1.0 if psw is None else psw[i])
+                if module.pooling_mode == PoolingMode.MEAN and off[g + 1] > off[g]:
+                    acc = acc / (off[g + 1] - off[g])
+                pooled[(t, r, b)] = acc
+                g += 1
+    parts = [pooled[(t, r, b)] for r in range(R) for t in range(T) for b in range(bs[t][r])]
+    return torch.cat(parts) if parts else weights.new_zeros(0)
 
 
 @pytest.mark.parametrize("device", devices)
 @pytest.mark.parametrize("pooling", [PoolingMode.SUM, PoolingMode.MEAN], ids=lambda p: p.name)
-def test_vbe_bag_table_places_every_bag(device, pooling):
-    """Each slot's pooled values land at its start in the 1-D output, -1 slots nowhere, and the elements no
-    bag covers are zero: the fixed-batch lookup's rows, moved."""
-    module, indices, offsets, psw, starts, size, dims, B = _vbe_case(device, pooling)
-    fixed = OP(*_raw_args(module, indices, offsets, psw))
-    out = OP(*_raw_args(module, indices, offsets, psw), starts, size)
+def test_vbe_places_every_bag(device, pooling):
+    """Each bag's pooled values land in FBGEMM's 1-D layout (rank-major, then feature, bag-major)."""
+    module, indices, offsets, psw, batch_sizes, size = _vbe_case(device, pooling)
+    out = OP(*_raw_args(module, indices, offsets, psw), batch_sizes, size)
     assert out.shape == (size,) and out.device.type == torch.device(device).type
-    torch.testing.assert_close(out.cpu(), _scatter_fixed(fixed, starts, size, dims, B), rtol=0, atol=0)
+    expected = _vbe_reference(module, module.weights.detach(), indices, offsets, psw, batch_sizes)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", devices)
-def test_vbe_bag_table_gradients(device):
-    """The raw op's autograd through a bag table: the weights' and per-sample weights' gradients are the
-    fixed-batch lookup's for the output gradient scattered back to [B, total_D] (zero for -1 slots)."""
-    module, indices, offsets, psw, starts, size, dims, B = _vbe_case(device, PoolingMode.MEAN)
+def test_vbe_gradients(device):
+    """The raw op's autograd with VBE: the weights' and per-sample weights' gradients are those of the
+    independent reference."""
+    module, indices, offsets, psw, batch_sizes, size = _vbe_case(device, PoolingMode.MEAN)
     weights = module.weights.detach().clone().requires_grad_(True)
     psw = psw.clone().requires_grad_(True)
     args = [weights, *_raw_args(module, indices, offsets, psw)[1:]]
     grad = torch.randn(size, generator=torch.Generator().manual_seed(9)).to(device)
-    gw, gp = torch.autograd.grad(OP(*args, starts, size), [weights, psw], grad)
-    fixed_grad = torch.zeros(B, module.total_D)
-    d0 = module.D_offsets.cpu().tolist()
-    for s, start in enumerate(starts.tolist()):
-        if start >= 0:
-            t, b = s // B, s % B
-            fixed_grad[b, d0[t]:d0[t + 1]] = grad[start:start + dims[t]].cpu()
-    ew, ep = torch.autograd.grad(OP(*args), [weights, psw], fixed_grad.to(device))
-    torch.testing.assert_close(gw, ew, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(gp, ep, rtol=1e-6, atol=1e-6)
+    gw, gp = torch.autograd.grad(OP(*args, batch_sizes, size), [weights, psw], grad)
+    ew, ep = torch.autograd.grad(_vbe_reference(module, weights, indices, offsets, psw, batch_sizes), [weights, psw],
+                                 grad)
+    torch.testing.assert_close(gw, ew, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(gp, ep, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("device", devices)
-def test_vbe_bag_table_opcheck(device):
-    module, indices, offsets, psw, starts, size, _, _ = _vbe_case(device)
-    torch.library.opcheck(OP.default, [*_raw_args(module, indices, offsets, psw), starts, size])
+def test_vbe_opcheck(device):
+    module, indices, offsets, psw, batch_sizes, size = _vbe_case(device)
+    torch.library.opcheck(OP.default, [*_raw_args(module, indices, offsets, psw), batch_sizes, size])
 
 
 @pytest.mark.parametrize("device", devices)
-def test_vbe_bag_table_argument_errors(device):
-    module, indices, offsets, psw, starts, size, _, _ = _vbe_case(device)
+def test_vbe_argument_errors(device):
+    module, indices, offsets, psw, batch_sizes, size = _vbe_case(device)
     args = _raw_args(module, indices, offsets, psw)
+    T = module.num_features
+    fixed_indices, fixed_offsets, _ = make_inputs(module, 2, 3)
     with pytest.raises(RuntimeError, match=r"vbe_output_size \(7\) is the size of the VBE output and goes with "
-                                           r"vbe_bag_starts, which is None"):
-        OP(*args, None, 7)
-    with pytest.raises(RuntimeError, match="vbe_bag_starts must be a 1-D Long tensor"):
-        OP(*args, starts.int(), size)
-    with pytest.raises(RuntimeError, match=f"vbe_bag_starts must have {starts.numel()} entries"):
-        OP(*args, starts[1:], size)
-    with pytest.raises(RuntimeError, match="vbe_output_size must be >= 0 with vbe_bag_starts"):
-        OP(*args, starts, -1)
+                                           r"vbe_batch_sizes, which is None"):
+        OP(*_raw_args(module, fixed_indices.to(device), fixed_offsets.to(device)), None, 7)
+    with pytest.raises(RuntimeError, match=rf"vbe_batch_sizes must be a \[T = {T}, R >= 1\] int64 tensor"):
+        OP(*args, batch_sizes.int(), size)
+    with pytest.raises(RuntimeError, match=rf"vbe_batch_sizes must be a \[T = {T}, R >= 1\] int64 tensor"):
+        OP(*args, batch_sizes[1:], size)
+    with pytest.raises(RuntimeError, match=rf"vbe_batch_sizes must be a \[T = {T}, R >= 1\] int64 tensor"):
+        OP(*args, batch_sizes.flatten(), size)
+    with pytest.raises(RuntimeError, match="the VBE output size must be >= 0, got -1"):
+        OP(*args, batch_sizes, -1)
     none = make_module(SEQUENCE_SPECS, SEQUENCE_MAP, PoolingMode.NONE, device=device)
     i, o, _ = make_inputs(none, 2, 3)
-    with pytest.raises(RuntimeError, match="vbe_bag_starts \\(VBE\\) needs pooling_mode SUM or MEAN, got NONE"):
-        OP(*_raw_args(none, i.to(device), o.to(device)), torch.full((8,), -1, device=device), 0)
+    with pytest.raises(RuntimeError, match="vbe_batch_sizes \\(VBE\\) needs pooling_mode SUM or MEAN, got NONE"):
+        OP(*_raw_args(none, i.to(device), o.to(device)), torch.ones(4, 1, dtype=torch.int64, device=device), 0)
 
 
-def test_cpu_vbe_bag_table_value_errors():
-    module, indices, offsets, psw, starts, size, dims, B = _vbe_case("cpu")
-    placed = int((starts >= 0).nonzero()[0])
-    for bad in (-2, size - dims[placed // B] + 1):
-        s = starts.clone()
-        s[placed] = bad
-        with pytest.raises(RuntimeError, match=rf"vbe_bag_starts\[{placed}\] = {bad} .* is neither -1 \(no bag\) nor "
-                                               rf"a start inside the {size}-value output"):
-            OP(*_raw_args(module, indices, offsets, psw), s, size)
+def _bad_batch_sizes(batch_sizes, size):
+    """(batch sizes, output size, message) of each value the plan rejects."""
+    G = int(batch_sizes.sum())
+    negative, more, too_big = batch_sizes.clone(), batch_sizes.clone(), batch_sizes.clone()
+    negative[1, 2] = -1
+    more[0, 0] += 1
+    too_big[2, 1] = G + 1
+    return [(negative, size, r"vbe_batch_sizes\[1\]\[2\] = -1 is not a batch size: each must be in \[0, "
+             rf"{G}\], the number of bags offsets holds"),
+            (too_big, size, rf"vbe_batch_sizes\[2\]\[1\] = {G + 1} is not a batch size"),
+            (more, size, rf"vbe_batch_sizes sums to {G + 1} bags but offsets has {G + 1} entries \({G} bags\)"),
+            (batch_sizes, size + 1, rf"vbe_output_size is {size + 1} but vbe_batch_sizes and D_offsets give {size} "
+             r"output values")]
+
+
+def test_cpu_vbe_value_errors():
+    module, indices, offsets, psw, batch_sizes, size = _vbe_case("cpu")
+    for bad, n, message in _bad_batch_sizes(batch_sizes, size):
+        with pytest.raises(RuntimeError, match=message):
+            OP(*_raw_args(module, indices, offsets, psw), bad, n)
+    grad = torch.ones(size)
+    with pytest.raises(RuntimeError, match=r"tbe_backward_sparse: vbe_batch_sizes sums to"):
+        torch.ops.hipdlrm.tbe_backward_sparse(grad, module.weights.detach(), *module._lookup_metadata(), indices,
+                                              offsets, int(module.pooling_mode), psw, _bad_batch_sizes(
+                                                  batch_sizes, size)[2][0])
 
 
 @requires_gpu
-def test_gpu_vbe_bag_table_out_of_range_starts_are_skipped():
-    """On the GPU (no value read on the host) a start outside the output is a bag without a place: it writes
-    nothing and its lookups get no gradient; every other bag is where its start says."""
-    module, indices, offsets, psw, starts, size, dims, B = _vbe_case("cuda")
-    bad = starts.clone()
-    placed = (bad >= 0).nonzero().flatten()[:3].tolist()
-    for s, v in zip(placed, (-5, size, 2**40)):
-        bad[s] = v
-    fixed = OP(*_raw_args(module, indices, offsets, psw))
-    out = OP(*_raw_args(module, indices, offsets, psw), bad, size)
-    expected = _scatter_fixed(fixed, torch.where(torch.isin(torch.arange(bad.numel(), device="cuda"),
-                                                            torch.tensor(placed, device="cuda")), -1, bad),
-                              size, dims, B)
-    torch.testing.assert_close(out.cpu(), expected, rtol=0, atol=0)
-    weights = module.weights.detach().clone().requires_grad_(True)
-    gw, = torch.autograd.grad(OP(weights, *_raw_args(module, indices, offsets, psw)[1:], bad, size), [weights],
-                              torch.ones(size, device="cuda"))
-    assert bool(torch.isfinite(gw).all())
-    hipdlrm.synchronize()
+def test_gpu_vbe_value_errors_are_raised_at_the_next_call():
+    """On the GPU (no value read on the host) the plan's kernel judges the batch sizes: the output is zeros,
+    and the CPU path's message is raised at the next call; the backward's lookups contribute nothing."""
+    module, indices, offsets, psw, batch_sizes, size = _vbe_case("cuda")
+    for bad, n, message in _bad_batch_sizes(batch_sizes, size):
+        out = OP(*_raw_args(module, indices, offsets, psw), bad, n)
+        with pytest.raises(RuntimeError, match=message):
+            hipdlrm.synchronize()
+        assert out.shape == (n,) and bool((out == 0).all())
+    bad = _bad_batch_sizes(batch_sizes, size)[2][0]
+    element, values, grad_psw = torch.ops.hipdlrm.tbe_backward_sparse(
+        torch.ones(size, device="cuda"), module.weights.detach(), *module._lookup_metadata(), indices, offsets,
+        int(module.pooling_mode), psw, bad)
+    with pytest.raises(RuntimeError, match=r"tbe_backward_sparse: vbe_batch_sizes sums to"):
+        hipdlrm.synchronize()
+    assert bool((values == 0).all()) and bool((grad_psw == 0).all())

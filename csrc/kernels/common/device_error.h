@@ -34,6 +34,7 @@ enum class ErrorOp : std::int32_t {
   kHstuMha = 3,
   kGdpa = 4,
   kBlockCheck = 5,  // _check_blocks (kernels/common/block_check.h)
+  kTbeVbe = 6,      // the TBE ops' VBE batch sizes (kernels/tbe/tbe_vbe_plan.h)
 };
 
 constexpr int kErrorValues = 16;

@@ -167,8 +167,8 @@ Workspace carve(const BackwardProblem<index_t>& p, void* base, gpu::stream_t str
 // their kernels are compiled once for both index types.
 struct SegmentProblem {
   const float* grad_output;
-  const std::int64_t* bag_starts;
-  std::int64_t grad_output_numel;
+  const std::int32_t* bag_feature;
+  const std::int64_t* bag_start;
   void* weights;
   const std::int64_t* weights_offsets;
   const std::int32_t* D_offsets;
@@ -191,7 +191,7 @@ struct SegmentProblem {
 
 template <typename index_t>
 SegmentProblem segment_problem(const BackwardProblem<index_t>& p) {
-  return SegmentProblem{p.grad_output,      p.bag_starts,       p.grad_output_numel,
+  return SegmentProblem{p.grad_output,      p.bag_feature,      p.bag_start,
                         p.weights,          p.weights_offsets,  p.D_offsets,
                         p.row_offsets,      p.total_rows,       p.batch_size,
                         p.total_D,          p.max_D,            p.num_indices,
@@ -216,9 +216,10 @@ HIPDLRM_DEVICE std::int64_t wave_count() { return static_cast<std::int64_t>(grid
 
 HIPDLRM_DEVICE int lowest_lane(gpu::lane_mask_t m) { return __ffsll(static_cast<long long>(m)) - 1; }
 
-// The feature of bag g (0 <= g < T * B < 2^31, checked by the binding): a 32-bit division, not 64.
-HIPDLRM_DEVICE std::int64_t feature_of(std::int64_t batch_size, std::int64_t g) {
-  return static_cast<std::uint32_t>(g) / static_cast<std::uint32_t>(batch_size);
+// Bag g's feature and gradient values (0 <= g < G < 2^31, checked by the binding): tbe_types.h's bag_place.
+template <typename Problem>
+HIPDLRM_DEVICE BagPlace place_of(const Problem& p, std::int64_t g) {
+  return bag_place(p.bag_feature, p.bag_start, p.batch_size, p.total_D, p.D_offsets, g);
 }
 
 // First column of the lane's k-th vector, relative to the start of a chunk.
@@ -310,7 +311,7 @@ template <typename index_t>
 __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index_t> p, Workspace w) {
   const int lane = gpu::lane_id();
   const std::int64_t n = p.num_indices;
-  const std::int64_t bags = p.num_features * p.batch_size;
+  const std::int64_t bags = p.num_bags;
   const std::uint64_t sentinel = static_cast<std::uint64_t>(p.total_rows);
   const bool sequence = p.pooling_mode == PoolingMode::kNone;
   for (std::int64_t i0 = global_wave() * gpu::kWaveSize; i0 < n; i0 += wave_count() * gpu::kWaveSize) {
@@ -334,16 +335,16 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
       valid = start <= i && i < end;
       len = end - start;
     }
+    const BagPlace place = valid ? place_of(p, g) : BagPlace{-1, -1};
+    valid = valid && place.feature >= 0;
     if (valid) {
-      const std::int64_t t = feature_of(p.batch_size, g);
+      const std::int64_t t = place.feature;
       const std::int64_t d0 = p.D_offsets[t];
       const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
       const std::int64_t idx = static_cast<std::int64_t>(p.indices[i]);
       const std::int64_t ro = p.row_offsets[t];
       valid = D >= 1 && D <= p.max_D && (sequence || (d0 >= 0 && d0 + D <= p.total_D)) && idx >= 0 &&
-              idx < safe_rows(p, t) && ro >= 0 && ro < p.total_rows - idx &&
-              (sequence || pooled_bag_start(p.bag_starts != nullptr, bag_table_entry(p.bag_starts, g),
-                                            p.grad_output_numel, g - t * p.batch_size, p.total_D, d0, D) >= 0);
+              idx < safe_rows(p, t) && ro >= 0 && ro < p.total_rows - idx;
       key = ro + idx;
     }
     float s = 0.0f;
@@ -425,12 +426,10 @@ __global__ void __launch_bounds__(kBlock) psw_grad_kernel(BackwardProblem<index_
       const LookupInfo info = w.info[i];
       if (info.bag >= 0) {
         const std::int64_t g = info.bag;
-        const std::int64_t t = feature_of(p.batch_size, g);
-        const std::int64_t d0 = p.D_offsets[t];
-        const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
-        go = sequence ? i * p.max_D
-                      : pooled_bag_start(p.bag_starts != nullptr, bag_table_entry(p.bag_starts, g),
-                                         p.grad_output_numel, g - t * p.batch_size, p.total_D, d0, D);
+        const BagPlace place = place_of(p, g);
+        const std::int64_t t = place.feature;
+        const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - p.D_offsets[t];
+        go = sequence ? i * p.max_D : place.start;
         wo = p.weights_offsets[t] + (static_cast<std::int64_t>(w.keys_in[i]) - p.row_offsets[t]) * D;
         cols = static_cast<std::int32_t>(D);
         inv_len = p.pooling_mode == PoolingMode::kMean
@@ -530,12 +529,10 @@ HIPDLRM_DEVICE void fill_cache(const SegmentProblem& p, const Workspace& w, std:
     const LookupInfo info = w.info[pos];
     if (info.bag >= 0) {
       const std::int64_t g = info.bag;
-      const std::int64_t t = feature_of(p.batch_size, g);
-      const std::int64_t d0 = p.D_offsets[t];
-      const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - d0;
-      c.grad = p.sequence ? static_cast<std::int64_t>(pos) * p.max_D
-                          : pooled_bag_start(p.bag_starts != nullptr, bag_table_entry(p.bag_starts, g),
-                                             p.grad_output_numel, g - t * p.batch_size, p.total_D, d0, D);
+      const BagPlace place = place_of(p, g);
+      const std::int64_t t = place.feature;
+      const std::int64_t D = static_cast<std::int64_t>(p.D_offsets[t + 1]) - p.D_offsets[t];
+      c.grad = p.sequence ? static_cast<std::int64_t>(pos) * p.max_D : place.start;
       c.row = p.weights_offsets[t] + (static_cast<std::int64_t>(c.key) - p.row_offsets[t]) * D;
       c.cols = static_cast<std::int32_t>(D);
       c.scale = info.scale;

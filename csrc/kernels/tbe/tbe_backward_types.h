@@ -25,10 +25,10 @@ constexpr std::int64_t kHotPiece = 1024;
 template <typename index_t>
 struct BackwardProblem {
   const float* grad_output = nullptr;  // [B, total_D], or [N, max_D] in NONE pooling mode (fp32)
-  // VBE: grad_output is the 1-D output of grad_output_numel values, bag g's at bag_starts[g]
-  // (pooled_bag_start); null: [B, total_D].
-  const std::int64_t* bag_starts = nullptr;
-  std::int64_t grad_output_numel = 0;
+  // VBE: grad_output is the 1-D output, bag g's feature and values through the bag plan (bag_place);
+  // null: [B, total_D].
+  const std::int32_t* bag_feature = nullptr;
+  const std::int64_t* bag_start = nullptr;
   void* weights = nullptr;             // element type weights_dtype, flat
   DType weights_dtype = DType::kFloat32;
   std::int64_t weights_numel = 0;
@@ -38,7 +38,8 @@ struct BackwardProblem {
   const std::int64_t* row_offsets = nullptr;
   std::int64_t total_rows = 0;
   std::int64_t num_features = 0;
-  std::int64_t batch_size = 0;
+  std::int64_t batch_size = 0;  // B (fixed batch)
+  std::int64_t num_bags = 0;    // G: T * B, or VBE's sum of the batch sizes
   std::int64_t total_D = 0;
   std::int64_t max_D = 0;
   const index_t* indices = nullptr;

@@ -11,7 +11,7 @@ namespace tbe {
 template <typename index_t>
 gpu::status_t launch_forward(const ForwardProblem<index_t>& p, int wave_size, int multiprocessors,
                              gpu::stream_t stream) {
-  const std::int64_t bags = p.num_features * p.batch_size;
+  const std::int64_t bags = p.num_bags;
   if (bags <= 0) return gpu::kSuccess;
   const int wave = wave_size > 0 ? wave_size : gpu::kWaveSize;
   const Layout layout = choose_layout(p.max_D, dtype_bytes(p.weights_dtype), wave, p.pooling_mode == PoolingMode::kNone ? 1 : kMaxVecsPerLane);

@@ -1,7 +1,8 @@
-// Table Batched Embedding forward: for every feature t and bag b of the table-major layout, the rows
-// indices[offsets[t*B + b] .. offsets[t*B + b + 1]) of t's table, each times its per-sample weight, summed
-// in fp32 (SUM), or summed and divided by the bag length (MEAN), into output[b, D_offsets[t] ..]; or, in
-// NONE (sequence) mode, each row copied to output[position of its index].
+// Table Batched Embedding forward: for every bag g (feature t, bag b of the table-major layout), the rows
+// indices[offsets[g] .. offsets[g + 1]) of t's table, each times its per-sample weight, summed in fp32
+// (SUM), or summed and divided by the bag length (MEAN), into the bag's place (bag_place in tbe_types.h:
+// output[b, D_offsets[t] ..], or VBE's 1-D layout through the bag plan); or, in NONE (sequence) mode, each
+// row copied to output[position of its index].
 //
 // Thread mapping: a group of G lanes per bag, G a power of two chosen per launch from the widest
 // feature and the device's wave size (choose_layout in tbe_types.h): each lane owns K 16-byte column
@@ -80,13 +81,15 @@ HIPDLRM_DEVICE int vector_kind(const Feature<W>& f) {
   return 2;
 }
 
-// The feature of bag g. A 64-bit division is tens of instructions on both vendors' GPUs; every real
-// batch has fewer than 2^32 bags, which a 32-bit division covers.
+// Rows of feature t's table that a lookup may read: none for t < 0 (a bag without a place).
 template <typename index_t>
-HIPDLRM_DEVICE std::int64_t feature_of(const ForwardProblem<index_t>& p, std::int64_t g) {
-  if (p.num_features * p.batch_size <= static_cast<std::int64_t>(UINT32_MAX))
-    return static_cast<std::uint32_t>(g) / static_cast<std::uint32_t>(p.batch_size);
-  return g / p.batch_size;
+HIPDLRM_DEVICE std::int64_t feature_rows(const ForwardProblem<index_t>& p, std::int64_t t) {
+  return t < 0 ? 0 : safe_rows(p, t);
+}
+
+template <typename index_t>
+HIPDLRM_DEVICE BagPlace place_of(const ForwardProblem<index_t>& p, std::int64_t g) {
+  return bag_place(p.bag_feature, p.bag_start, p.batch_size, p.total_D, p.D_offsets, g);
 }
 
 struct BagRange {
@@ -288,41 +291,38 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
   const int lane = static_cast<int>(threadIdx.x) & (group - 1);
   const std::int64_t groups_per_block = kForwardBlock >> group_log2;
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * groups_per_block;
-  const std::int64_t bags = p.num_features * p.batch_size;
+  const std::int64_t bags = p.num_bags;
   const bool mean = p.pooling_mode == PoolingMode::kMean;
 
   std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
   if (g >= bags) return;
-  const bool vbe = p.bag_starts != nullptr;
   BagRange r = bag_range(p, g);
-  std::int64_t entry = bag_table_entry(p.bag_starts, g);
-  RowBatch<U> cur = fetch_rows<U>(p, safe_rows(p, feature_of(p, g)), r.start, r.end, r.start);
+  BagPlace place = place_of(p, g);
+  RowBatch<U> cur = fetch_rows<U>(p, feature_rows(p, place.feature), r.start, r.end, r.start);
   for (; g < bags; g += stride) {
-    // The next bag's offsets, table size and (VBE) bag-table entry are read now, so that they have
-    // arrived when this bag's last iteration fetches that bag's first rows.
+    // The next bag's offsets, place and table size are read now, so that they have arrived when this
+    // bag's last iteration fetches that bag's first rows.
     const std::int64_t g_next = g + stride;
     Upcoming after{BagRange{0, 0}, 0};
-    std::int64_t entry_next = 0;
+    BagPlace place_next{-1, 0};
     if (g_next < bags) {
-      after = Upcoming{bag_range(p, g_next), safe_rows(p, feature_of(p, g_next))};
-      entry_next = bag_table_entry(p.bag_starts, g_next);
+      place_next = place_of(p, g_next);
+      after = Upcoming{bag_range(p, g_next), feature_rows(p, place_next.feature)};
     }
 
-    const std::int64_t t = feature_of(p, g);
-    const std::int64_t b = g - t * p.batch_size;
-    Feature<W> f = load_feature<W>(p, t, false);
-    const std::int64_t start = pooled_bag_start(vbe, entry, p.output_numel, b, p.total_D, f.out_col, f.cols);
-    if (start < 0) f.cols = 0;  // no place in the output: the bag writes nothing
+    const bool placed = place.feature >= 0;
+    Feature<W> f = load_feature<W>(p, placed ? place.feature : 0, false);
+    if (!placed) f.cols = 0;  // no place in the output: the bag writes nothing
     const std::int64_t len = r.end - r.start;
     const float scale = mean ? (len > 0 ? 1.0f / static_cast<float>(len) : 0.0f) : 1.0f;
-    O* const out = static_cast<O*>(p.output) + (start < 0 ? 0 : start);
+    O* const out = static_cast<O*>(p.output) + (f.cols > 0 ? place.start : 0);
     switch (vector_kind(f)) {
       case 0: pool_bag<W, O, index_t, K, kWide>(p, f, r, lane, group, scale, out, cur, after); break;
       case 1: pool_bag<W, O, index_t, K, kNarrow>(p, f, r, lane, group, scale, out, cur, after); break;
       default: pool_bag<W, O, index_t, K, 1>(p, f, r, lane, group, scale, out, cur, after); break;
     }
     r = after.range;
-    entry = entry_next;
+    place = place_next;
   }
 }
 
@@ -333,11 +333,11 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_sequence_kernel(ForwardProb
   const int group = 1 << group_log2;
   const int lane = static_cast<int>(threadIdx.x) & (group - 1);
   const std::int64_t groups_per_block = kForwardBlock >> group_log2;
-  const std::int64_t bags = p.num_features * p.batch_size;
+  const std::int64_t bags = p.num_bags;
   O* const out = static_cast<O*>(p.output);
   for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
        g < bags; g += static_cast<std::int64_t>(gridDim.x) * groups_per_block) {
-    const Feature<W> f = load_feature<W>(p, feature_of(p, g), true);
+    const Feature<W> f = load_feature<W>(p, place_of(p, g).feature, true);
     const BagRange r = bag_range(p, g);
     const std::int64_t lo = g == 0 ? 0 : r.start;
     const std::int64_t hi = g == bags - 1 ? p.num_indices : r.end;

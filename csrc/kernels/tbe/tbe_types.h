@@ -30,27 +30,68 @@ enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 inline int dtype_bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
-// Where bag g (feature t's bag b = g - t * B, first column d0, D columns) starts in the pooled output, or -1
-// when it has no place there. Without a bag table the output is [B, total_D]: b * total_D + d0 (the callers
-// keep d0 + D <= total_D). With one (bag_starts [T * B], VBE: FBGEMM's 1-D output of output_numel values,
-// bag-major within each rank's block of each feature) it is the bag's entry, bag_starts[g] (`entry`, loaded
-// by the caller: bag_table_entry), when its D values lie inside the output, else -1 (-1 itself: a padded
-// slot, no bag). A bag without a place is not written by the forward and its lookups get no gradient.
-// Every forward and backward, CPU and GPU, addresses bags through this.
-HIPDLRM_HOST_DEVICE std::int64_t pooled_bag_start(bool vbe, std::int64_t entry, std::int64_t output_numel,
-                                                   std::int64_t b, std::int64_t total_D, std::int64_t d0,
-                                                   std::int64_t D) {
-  if (!vbe) return b * total_D + d0;
-  return entry >= 0 && D <= output_numel - entry ? entry : -1;
+// Where bag g is: its feature (-1: the bag has no place, so the forward writes nothing for it and its
+// lookups get no gradient) and the start of its D values in the pooled output. Fixed batch (no bag plan):
+// bag b = g - t * B of feature t = g / B, at b * total_D + D_offsets[t] of the [B, total_D] output (the
+// callers keep the columns inside total_D). VBE: the bag plan's entries (vbe_plan_bag). Every forward and
+// backward, CPU and GPU, addresses bags through this.
+struct BagPlace {
+  std::int64_t feature;
+  std::int64_t start;
+};
+
+HIPDLRM_HOST_DEVICE BagPlace bag_place(const std::int32_t* bag_feature, const std::int64_t* bag_start,
+                                       std::int64_t batch_size, std::int64_t total_D,
+                                       const std::int32_t* D_offsets, std::int64_t g) {
+  if (bag_feature != nullptr) return BagPlace{bag_feature[g], bag_start[g]};
+  // A 64-bit division is tens of instructions on both vendors' GPUs; every real batch has fewer than 2^32
+  // bags, which a 32-bit division covers.
+  const std::int64_t t =
+      g <= static_cast<std::int64_t>(UINT32_MAX) && batch_size <= static_cast<std::int64_t>(UINT32_MAX)
+          ? static_cast<std::int64_t>(static_cast<std::uint32_t>(g) / static_cast<std::uint32_t>(batch_size))
+          : g / batch_size;
+  return BagPlace{t, (g - t * batch_size) * total_D + D_offsets[t]};
 }
 
-// Bag g's entry of the bag table, 0 without one.
-HIPDLRM_HOST_DEVICE std::int64_t bag_table_entry(const std::int64_t* bag_starts, std::int64_t g) {
-  return bag_starts != nullptr ? bag_starts[g] : 0;
+// ---- VBE: FBGEMM's variable batch size per feature and rank -------------------------------------------
+// batch_sizes[t * R + r] (R ranks) bags of feature t come from rank r. The offsets list the bags
+// feature-major (feature, rank, bag: G = the sum of the batch sizes); the 1-D output holds them rank-major
+// (rank, feature, bag), D_t values each, so block k = t * R + r starts at out_first[k], the values of the
+// blocks before it in (r, t) order, and its bags at bag_first[k], the bags of the blocks before it in
+// (t, r) order. The bag plan is these two scans and, per bag, vbe_plan_bag. The plan is valid when
+// every batch size is in [0, G], every dim >= 1, the batch sizes sum to G and their values to the
+// output's size: then every output value belongs to exactly one bag, so the output needs no zero-fill.
+
+// What the plan's checks found (the error record's code; the CPU path raises the same message).
+enum class VbePlanError : int { kNone = 0, kBatchSize = 1, kDim = 2, kBagCount = 3, kOutputSize = 4 };
+
+// Block k's batch size B of feature t with dim D, for G bags in all: kNone, kBatchSize or kDim.
+HIPDLRM_HOST_DEVICE VbePlanError vbe_block_error(std::int64_t B, std::int64_t D, std::int64_t G) {
+  if (D < 1) return VbePlanError::kDim;
+  if (B < 0 || B > G) return VbePlanError::kBatchSize;
+  return VbePlanError::kNone;
 }
 
-// One forward call. "Feature" is a slot of the table-major layout (T of them, B bags each); several
-// features may share a table, so every per-table fact is given per feature.
+// Bag g of a valid plan: the last of the `blocks` blocks that starts at or before g holds it (blocks with
+// no bag share their successor's start).
+HIPDLRM_HOST_DEVICE BagPlace vbe_plan_bag(const std::int64_t* bag_first, const std::int64_t* out_first,
+                                          std::int64_t blocks, std::int64_t ranks, const std::int32_t* D_offsets,
+                                          std::int64_t g) {
+  std::int64_t lo = 0, hi = blocks;  // bag_first[lo] <= g, and the answer is below hi
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    if (bag_first[mid] <= g)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  const std::int64_t t = lo / ranks;
+  const std::int64_t D = static_cast<std::int64_t>(D_offsets[t + 1]) - D_offsets[t];
+  return BagPlace{t, out_first[lo] + (g - bag_first[lo]) * D};
+}
+
+// One forward call. "Feature" is a slot of the table-major layout (T of them, B bags each, or with VBE
+// the bag plan's counts); several features may share a table, so every per-table fact is given per feature.
 template <typename index_t>
 struct ForwardProblem {
   const void* weights = nullptr;                 // every table, flat; element type weights_dtype
@@ -60,20 +101,20 @@ struct ForwardProblem {
   const std::int32_t* D_offsets = nullptr;        // [T + 1] column offset of the feature in a pooled row
   const std::int64_t* rows_per_table = nullptr;   // [T] rows of the feature's table
   std::int64_t num_features = 0;                  // T
-  std::int64_t batch_size = 0;                    // B
+  std::int64_t batch_size = 0;                    // B (fixed batch)
+  std::int64_t num_bags = 0;                      // G: T * B, or VBE's sum of the batch sizes
   std::int64_t total_D = 0;                       // pooled output row width (D_offsets[T])
   std::int64_t max_D = 0;                         // widest feature; the output row width in NONE mode
   const index_t* indices = nullptr;               // [N]
   std::int64_t num_indices = 0;                   // N
-  const index_t* offsets = nullptr;               // [T * B + 1]
+  const index_t* offsets = nullptr;               // [G + 1]
   PoolingMode pooling_mode = PoolingMode::kSum;
   const float* per_sample_weights = nullptr;      // [N] or null
-  void* output = nullptr;                         // [B, total_D], or [N, max_D] in NONE mode
+  void* output = nullptr;                         // [B, total_D], or [N, max_D] in NONE mode, or VBE's 1-D
   DType output_dtype = DType::kFloat32;
-  // VBE (pooled modes): where each bag's values start in the 1-D output of output_numel values
-  // (pooled_bag_start); null: the [B, total_D] output.
-  const std::int64_t* bag_starts = nullptr;       // [T * B] or null
-  std::int64_t output_numel = 0;
+  // VBE (pooled modes): the bag plan (bag_place), [G] each; null: the [B, total_D] output.
+  const std::int32_t* bag_feature = nullptr;
+  const std::int64_t* bag_start = nullptr;
 };
 
 // How a bag's row is spread over lanes: `group_lanes` lanes (a power of two, at most the wave) work on

@@ -54,29 +54,29 @@ struct Plan {
   std::vector<std::int64_t> bag;
   std::vector<std::int64_t> key;
   std::vector<float> scale;
-  std::vector<std::int64_t> bag_len;    // [T * B]
+  std::vector<std::int64_t> bag_len;    // [G]
   std::vector<std::int64_t> order;      // positions, sorted
   std::vector<std::int64_t> seg_start;  // [S + 1] into order
 };
 
 template <typename index_t>
 Plan make_plan(const BackwardShape& s, const std::int64_t* row_offsets, const index_t* idx, const index_t* off,
-               const float* psw, const std::int64_t* bag_starts) {
-  const std::int64_t T = s.forward.num_features, B = s.forward.batch_size, N = s.forward.num_indices;
+               const float* psw, const std::int32_t* bag_feature) {
+  const std::int64_t G = s.forward.num_bags, B = s.forward.batch_size, N = s.forward.num_indices;
   const bool mean = s.forward.pooling_mode == PoolingMode::kMean;
   Plan p;
   p.bag.assign(static_cast<std::size_t>(N), -1);
   p.key.assign(static_cast<std::size_t>(N), 0);
   p.scale.assign(static_cast<std::size_t>(N), 0.0f);
-  p.bag_len.assign(static_cast<std::size_t>(T * B), 0);
-  for (std::int64_t g = 0; g < T * B; ++g) {
+  p.bag_len.assign(static_cast<std::size_t>(G), 0);
+  for (std::int64_t g = 0; g < G; ++g) {
     const std::int64_t start = off[g], end = off[g + 1];
+    const std::int64_t t = bag_feature != nullptr ? bag_feature[g] : g / B;
     p.bag_len[g] = end - start;
-    if (bag_starts != nullptr && bag_starts[g] < 0) continue;  // VBE's padded slot: no output, no gradient
     for (std::int64_t i = start; i < end; ++i) {
       if (idx[i] < 0) continue;  // pruned
       p.bag[i] = g;
-      p.key[i] = row_offsets[g / B] + static_cast<std::int64_t>(idx[i]);
+      p.key[i] = row_offsets[t] + static_cast<std::int64_t>(idx[i]);
       float scale = psw != nullptr ? psw[i] : 1.0f;
       if (mean) scale *= 1.0f / static_cast<float>(end - start);
       p.scale[i] = scale;
@@ -101,28 +101,29 @@ struct Context {
   const std::int32_t* D_offsets;
   const std::int64_t* row_offsets;
   std::int64_t total_D, max_D;
-  const std::int64_t* bag_starts;  // VBE, or null
-  std::int64_t vbe_output_numel;
+  const std::int32_t* bag_feature;  // VBE's bag plan, or null
+  const std::int64_t* bag_start;
 
-  // Bag g's gradient values (feature t, D columns) in grad_output: its output place (pooled_bag_start),
-  // or lookup pos's own row in NONE mode. Only contributing lookups ask (their bags have a place).
-  const float* grad_row(std::int64_t pos, std::int64_t g, std::int64_t t, std::int64_t D) const {
+  ktbe::BagPlace place(std::int64_t g) const {
+    return ktbe::bag_place(bag_feature, bag_start, shape->forward.batch_size, total_D, D_offsets, g);
+  }
+  std::int64_t feature(std::int64_t g) const { return place(g).feature; }
+  // Lookup pos's gradient values (of bag g) in grad_output: the bag's place, or the lookup's own row in
+  // NONE mode.
+  const float* grad_row(std::int64_t pos, std::int64_t g) const {
     if (shape->forward.pooling_mode == PoolingMode::kNone) return grad_output + pos * max_D;
-    const std::int64_t B = shape->forward.batch_size;
-    return grad_output + ktbe::pooled_bag_start(bag_starts != nullptr, ktbe::bag_table_entry(bag_starts, g),
-                                                vbe_output_numel, g - t * B, total_D, D_offsets[t], D);
+    return grad_output + place(g).start;
   }
 };
 
 // Sum over sorted positions [lo, hi) of scale * grad row, into acc[0, D) (fma, in order, from zero).
 void sum_lookups(const Context& c, std::int64_t lo, std::int64_t hi, std::int64_t D, float* acc) {
   std::fill(acc, acc + D, 0.0f);
-  const std::int64_t B = c.shape->forward.batch_size;
   for (std::int64_t j = lo; j < hi; ++j) {
     const std::int64_t pos = c.plan->order[j];
-    const std::int64_t g = c.plan->bag[pos], t = g / B;
+    const std::int64_t g = c.plan->bag[pos], t = c.feature(g);
     const std::int64_t cols = std::min<std::int64_t>(D, c.D_offsets[t + 1] - c.D_offsets[t]);
-    const float* row = c.grad_row(pos, g, t, c.D_offsets[t + 1] - c.D_offsets[t]);
+    const float* row = c.grad_row(pos, g);
     const float s = c.plan->scale[pos];
     for (std::int64_t d = 0; d < cols; ++d) acc[d] = std::fma(s, row[d], acc[d]);
   }
@@ -228,6 +229,7 @@ void check_row_spaces(const char* op, const BackwardShape& s, const std::int64_t
 
 // Validates values, builds the plan, computes the per-sample-weight gradient from the current weights.
 struct Prepared {
+  VbePlan vbe;  // VBE's bag plan (the context points into it)
   Plan plan;
   Context ctx;
   at::Tensor grad_output;
@@ -237,13 +239,12 @@ struct Prepared {
 Prepared prepare_cpu(const BackwardShape& s, const BackwardArgs& a) {
   const at::Tensor& weights = a.weights;
   const std::int64_t total_D = a.total_D, max_D = a.max_D;
+  Prepared p;
+  if (s.forward.vbe) p.vbe = vbe_plan_cpu(s.forward, a.D_offsets, *a.vbe_batch_sizes, a.grad_output.numel());
   check_forward_values(s.forward, weights, a.weights_offsets, a.D_offsets, a.rows_per_table, total_D, max_D,
-                       a.indices, a.offsets);
-  const std::int64_t* bag_starts = nullptr;
-  if (s.vbe_output_numel >= 0) {
-    check_vbe_values(s.forward, a.D_offsets, *a.vbe_bag_starts, s.vbe_output_numel);
-    bag_starts = a.vbe_bag_starts->data_ptr<std::int64_t>();
-  }
+                       a.indices, a.offsets, s.forward.vbe ? &p.vbe : nullptr);
+  const std::int32_t* bag_feature = s.forward.vbe ? p.vbe.bag_feature.data_ptr<std::int32_t>() : nullptr;
+  const std::int64_t* bag_start = s.forward.vbe ? p.vbe.bag_start.data_ptr<std::int64_t>() : nullptr;
   const std::int64_t* ro = a.row_offsets.data_ptr<std::int64_t>();
   const std::int64_t* rows = a.rows_per_table.data_ptr<std::int64_t>();
   check_row_spaces(a.op, s, ro, rows, a.weights_offsets.data_ptr<std::int64_t>(), a.D_offsets.data_ptr<std::int32_t>());
@@ -251,20 +252,18 @@ Prepared prepare_cpu(const BackwardShape& s, const BackwardArgs& a) {
     TORCH_CHECK(ro[t] >= 0 && ro[t] <= s.total_rows - rows[t], a.op, ": feature ", t, "'s rows (row_offsets[",
                 t, "] = ", ro[t], ", ", rows[t], " rows) do not fit in total_rows = ", s.total_rows);
   }
-  Prepared p;
   p.grad_output = a.grad_output.to(at::kFloat).contiguous();
   const float* psw = a.per_sample_weights.has_value() ? a.per_sample_weights->data_ptr<float>() : nullptr;
   AT_DISPATCH_INDEX_TYPES(a.indices.scalar_type(), "tbe_backward_plan", [&] {
-    p.plan = make_plan<index_t>(s, ro, a.indices.data_ptr<index_t>(), a.offsets.data_ptr<index_t>(), psw, bag_starts);
+    p.plan = make_plan<index_t>(s, ro, a.indices.data_ptr<index_t>(), a.offsets.data_ptr<index_t>(), psw, bag_feature);
   });
   p.ctx = Context{&s, &p.plan, p.grad_output.data_ptr<float>(), a.weights_offsets.data_ptr<std::int64_t>(),
-                  a.D_offsets.data_ptr<std::int32_t>(), ro, total_D, max_D, bag_starts, s.vbe_output_numel};
+                  a.D_offsets.data_ptr<std::int32_t>(), ro, total_D, max_D, bag_feature, bag_start};
   const std::int64_t N = s.forward.num_indices;
   p.grad_psw = a.per_sample_weights.has_value() ? at::zeros({N}, weights.options().dtype(at::kFloat))
                                               : at::empty({0}, weights.options().dtype(at::kFloat));
   if (psw == nullptr) return p;
   float* out = p.grad_psw.data_ptr<float>();
-  const std::int64_t B = s.forward.batch_size;
   const bool mean = s.forward.pooling_mode == PoolingMode::kMean;
   const Context& c = p.ctx;
   const Plan& plan = p.plan;
@@ -275,10 +274,10 @@ Prepared prepare_cpu(const BackwardShape& s, const BackwardArgs& a) {
       for (std::int64_t i = begin; i < end; ++i) {
         const std::int64_t g = plan.bag[i];
         if (g < 0) continue;
-        const std::int64_t t = g / B;
+        const std::int64_t t = c.feature(g);
         const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
         const scalar_t* row = w + c.weights_offsets[t] + (plan.key[i] - c.row_offsets[t]) * D;
-        const float* go = c.grad_row(i, g, t, D);
+        const float* go = c.grad_row(i, g);
         float dot = 0.0f;
         for (std::int64_t d = 0; d < D; ++d) dot = std::fma(go[d], static_cast<float>(row[d]), dot);
         out[i] = mean ? dot * (1.0f / static_cast<float>(len[g])) : dot;
@@ -293,12 +292,11 @@ template <typename W, OptimType kOpt>
 void apply_rows(const Prepared& p, const OptimizerArgs& o, W* w, float* m1, float* m2) {
   const Context& c = p.ctx;
   const std::int64_t segments = static_cast<std::int64_t>(p.plan.seg_start.size()) - 1;
-  const std::int64_t B = c.shape->forward.batch_size;
   at::parallel_for(0, segments, 64, [&](std::int64_t begin, std::int64_t end) {
     std::vector<float> g(static_cast<std::size_t>(c.max_D)), piece;
     for (std::int64_t seg = begin; seg < end; ++seg) {
       const std::int64_t first = p.plan.order[p.plan.seg_start[seg]];
-      const std::int64_t t = p.plan.bag[first] / B;
+      const std::int64_t t = c.feature(p.plan.bag[first]);
       const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
       const std::uint64_t key = static_cast<std::uint64_t>(p.plan.key[first]);
       const std::int64_t row_offset = c.weights_offsets[t] + (p.plan.key[first] - c.row_offsets[t]) * D;
@@ -360,7 +358,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_cpu(const Bac
   const std::int64_t max_D = a.max_D;
   const Context& c = p.ctx;
   const std::int64_t segments = static_cast<std::int64_t>(p.plan.seg_start.size()) - 1;
-  const std::int64_t B = s.forward.batch_size;
   const auto f32 = weights.options().dtype(at::kFloat);
   // One row per lookup, as on the GPU (whose segment count stays on the device): the rows past the
   // segments keep dim 0 (padding).
@@ -375,7 +372,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_cpu(const Bac
     std::vector<float> piece;
     for (std::int64_t seg = begin; seg < end; ++seg) {
       const std::int64_t first = p.plan.order[p.plan.seg_start[seg]];
-      const std::int64_t t = p.plan.bag[first] / B;
+      const std::int64_t t = c.feature(p.plan.bag[first]);
       const std::int64_t D = c.D_offsets[t + 1] - c.D_offsets[t];
       offs[seg] = c.weights_offsets[t] + (p.plan.key[first] - c.row_offsets[t]) * D;
       dims[seg] = static_cast<std::int32_t>(D);
@@ -395,11 +392,11 @@ void define_backward(torch::Library& m) {
       "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, int optimizer, Tensor(b!) momentum1, "
       "Tensor(c!) momentum2, float learning_rate, float eps, float beta1, float beta2, float weight_decay, "
       "int weight_decay_mode, bool stochastic_rounding, Tensor(d!) optimizer_counters, float eta=0.001, "
-      "float momentum=0.9, float max_norm=0.0, Tensor? vbe_bag_starts=None) -> Tensor");
+      "float momentum=0.9, float max_norm=0.0, Tensor? vbe_batch_sizes=None) -> Tensor");
   m.def(
       "tbe_backward_sparse(Tensor grad_output, Tensor weights, Tensor weights_offsets, Tensor D_offsets, "
       "Tensor rows_per_table, Tensor row_offsets, int total_rows, int total_D, int max_D, Tensor indices, "
-      "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, Tensor? vbe_bag_starts=None) "
+      "Tensor offsets, int pooling_mode, Tensor? per_sample_weights, Tensor? vbe_batch_sizes=None) "
       "-> (Tensor, Tensor, Tensor)");
 }
 
@@ -442,7 +439,7 @@ BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit:
   a.offsets = s["offsets"].toTensor();
   a.pooling_mode = s["pooling_mode"].toInt();
   a.per_sample_weights = s["per_sample_weights"].toOptional<at::Tensor>();
-  a.vbe_bag_starts = s["vbe_bag_starts"].toOptional<at::Tensor>();
+  a.vbe_batch_sizes = s["vbe_batch_sizes"].toOptional<at::Tensor>();
   if (!s.has("optimizer")) return a;  // tbe_backward_sparse
   a.optimizer = s["optimizer"].toInt();
   a.momentum1 = s["momentum1"].toTensor();
@@ -471,11 +468,12 @@ BackwardShape check_backward_arguments(const BackwardArgs& a) {
               ": grad_output must be float32, float16 or bfloat16, got ", go);
   BackwardShape s;
   s.forward = check_forward_arguments(weights, a.weights_offsets, a.D_offsets, a.rows_per_table, a.total_D, a.max_D,
-                                      a.indices, a.offsets, a.pooling_mode, a.per_sample_weights, go, op);
-  if (a.vbe_bag_starts.has_value()) {
-    TORCH_CHECK(grad_output.dim() == 1, op, ": with vbe_bag_starts grad_output must be the forward's 1-D VBE output, "
+                                      a.indices, a.offsets, a.pooling_mode, a.per_sample_weights, go, op,
+                                      a.vbe_batch_sizes.has_value());
+  if (s.forward.vbe) {
+    TORCH_CHECK(grad_output.dim() == 1, op, ": with vbe_batch_sizes grad_output must be the forward's 1-D VBE output, "
                 "got shape ", grad_output.sizes());
-    s.vbe_output_numel = check_vbe_arguments(s.forward, a.vbe_bag_starts, grad_output.numel(), weights);
+    check_vbe_arguments(s.forward, *a.vbe_batch_sizes, grad_output.numel(), weights);
   } else {
     const std::vector<std::int64_t> expected =
         s.forward.pooling_mode == PoolingMode::kNone ? std::vector<std::int64_t>{s.forward.num_indices, a.max_D}
@@ -497,8 +495,7 @@ BackwardShape check_backward_arguments(const BackwardArgs& a) {
               ": total_rows must be in [0, 2^62), got ", a.total_rows);
   TORCH_CHECK(s.forward.num_indices < INT32_MAX, op, ": at most 2^31 - 2 indices are supported, got ",
               s.forward.num_indices);
-  TORCH_CHECK(T * s.forward.batch_size < INT32_MAX, op, ": at most 2^31 - 2 bags (T * B) are supported, got ",
-              T * s.forward.batch_size);
+  TORCH_CHECK(s.forward.num_bags < INT32_MAX, op, ": at most 2^31 - 2 bags are supported, got ", s.forward.num_bags);
   s.total_rows = a.total_rows;
   return s;
 }

@@ -30,7 +30,7 @@ struct BackwardArgs {
   at::Tensor indices, offsets;
   std::int64_t pooling_mode = 0;
   std::optional<at::Tensor> per_sample_weights;
-  std::optional<at::Tensor> vbe_bag_starts;  // VBE: grad_output is tbe_forward's 1-D output (check_vbe_arguments)
+  std::optional<at::Tensor> vbe_batch_sizes;  // VBE: grad_output is tbe_forward's 1-D output (check_vbe_arguments)
   // The fused optimizer (tbe_backward only).
   std::int64_t optimizer = 0;
   at::Tensor momentum1, momentum2;
@@ -47,7 +47,6 @@ BackwardArgs read_backward_args(const c10::OperatorHandle& op, const torch::jit:
 struct BackwardShape {
   ForwardShape forward;
   std::int64_t total_rows = 0;
-  std::int64_t vbe_output_numel = -1;  // VBE: grad_output's size; -1 without vbe_bag_starts
 };
 
 // Validates everything the backward ops take except tensor values (the GPU path must not synchronise):

@@ -10,6 +10,7 @@
 #include "kernels/tbe/tbe_backward.h"
 #include "ops/common/device_error_gpu.h"
 #include "ops/tbe/tbe_backward.h"
+#include "ops/tbe/tbe_vbe_gpu.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -20,12 +21,12 @@ namespace ktbe = kernels::tbe;
 
 template <typename index_t>
 ktbe::BackwardProblem<index_t> make_problem(const BackwardShape& s, const BackwardArgs& a, const at::Tensor& grad_output,
-                                            const at::Tensor& grad_psw) {
+                                            const at::Tensor& grad_psw, const VbePlan& plan) {
   ktbe::BackwardProblem<index_t> p;
   p.grad_output = grad_output.data_ptr<float>();
-  if (s.vbe_output_numel >= 0) {
-    p.bag_starts = a.vbe_bag_starts->data_ptr<std::int64_t>();
-    p.grad_output_numel = s.vbe_output_numel;
+  if (s.forward.vbe) {
+    p.bag_feature = plan.bag_feature.data_ptr<std::int32_t>();
+    p.bag_start = plan.bag_start.data_ptr<std::int64_t>();
   }
   p.weights = a.weights.data_ptr();
   p.weights_dtype = s.forward.weights_dtype;
@@ -37,6 +38,7 @@ ktbe::BackwardProblem<index_t> make_problem(const BackwardShape& s, const Backwa
   p.total_rows = s.total_rows;
   p.num_features = s.forward.num_features;
   p.batch_size = s.forward.batch_size;
+  p.num_bags = s.forward.num_bags;
   p.total_D = a.total_D;
   p.max_D = a.max_D;
   p.indices = a.indices.data_ptr<index_t>();
@@ -54,6 +56,14 @@ void check_status(gpu::status_t st, const char* op) {
   TORCH_CHECK(st == gpu::kSuccess, op, ": kernel launch failed: ", gpu::status_string(st));
 }
 
+// Raises what an earlier call recorded; with VBE, enqueues the bag plan (an invalid one leaves every bag
+// unplaced: the lookups contribute nothing, and a later call raises).
+VbePlan vbe_plan(const BackwardShape& s, const BackwardArgs& a, gpu::stream_t stream) {
+  const common::DeviceErrorSink sink = common::begin_gpu_call(a.weights.device(), stream, a.op);
+  if (!s.forward.vbe) return VbePlan{};
+  return vbe_plan_gpu(s.forward, a.D_offsets, *a.vbe_batch_sizes, a.grad_output.numel(), nullptr, sink, stream);
+}
+
 // Uninitialised: the per-sample-weight kernel writes every entry (0 for a lookup that contributes nothing).
 at::Tensor grad_psw_tensor(const BackwardShape& s, const BackwardArgs& a) {
   const auto f32 = a.weights.options().dtype(at::kFloat);
@@ -64,15 +74,15 @@ at::Tensor tbe_backward_gpu(const BackwardArgs& a) {
   const BackwardShape s = check_backward_arguments(a);
   const OptimizerArgs o = check_optimizer_arguments(a);
   const c10::cuda::CUDAGuard guard(a.weights.device());
-  (void)common::begin_gpu_call(a.weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_backward");
+  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
+  const VbePlan plan = vbe_plan(s, a, stream);
   const at::Tensor go = a.grad_output.to(at::kFloat).contiguous();
   at::Tensor grad_psw = grad_psw_tensor(s, a);
   const int device = a.weights.get_device();
   const int wave = gpu::device_wave_size(device);
   const int sms = gpu::device_multiprocessors(device);
-  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(a.indices.scalar_type(), "tbe_backward_gpu", [&] {
-    ktbe::BackwardProblem<index_t> p = make_problem<index_t>(s, a, go, grad_psw);
+    ktbe::BackwardProblem<index_t> p = make_problem<index_t>(s, a, go, grad_psw, plan);
     p.momentum1 = a.momentum1.numel() > 0 ? a.momentum1.data_ptr() : nullptr;
     p.momentum2 = a.momentum2.numel() > 0 ? a.momentum2.data_ptr() : nullptr;
     p.momentum1_dtype = to_dtype(a.momentum1.scalar_type());
@@ -91,13 +101,15 @@ at::Tensor tbe_backward_gpu(const BackwardArgs& a) {
                                              s.forward.num_indices, wave, sms, stream),
                  a.op);
   });
+  if (s.forward.vbe) common::end_gpu_call(a.weights.device(), stream, a.op);
   return grad_psw;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_gpu(const BackwardArgs& a) {
   const BackwardShape s = check_backward_arguments(a);
   const c10::cuda::CUDAGuard guard(a.weights.device());
-  (void)common::begin_gpu_call(a.weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_backward");
+  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
+  const VbePlan plan = vbe_plan(s, a, stream);
   const at::Tensor go = a.grad_output.to(at::kFloat).contiguous();
   at::Tensor grad_psw = grad_psw_tensor(s, a);
   // Rows the apply kernel does not reach (past the segment count, which stays on the device) keep dim 0:
@@ -110,9 +122,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_gpu(const Bac
     const int device = a.weights.get_device();
     const int wave = gpu::device_wave_size(device);
     const int sms = gpu::device_multiprocessors(device);
-    const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
     AT_DISPATCH_INDEX_TYPES(a.indices.scalar_type(), "tbe_backward_sparse_gpu", [&] {
-      ktbe::BackwardProblem<index_t> p = make_problem<index_t>(s, a, go, grad_psw);
+      ktbe::BackwardProblem<index_t> p = make_problem<index_t>(s, a, go, grad_psw, plan);
       p.optim.optimizer = ktbe::OptimType::kNone;
       p.grad_rows = grad_rows.data_ptr<float>();
       p.segment_weight_offsets = seg_offsets.data_ptr<std::int64_t>();
@@ -128,6 +139,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> tbe_backward_sparse_gpu(const Bac
                    a.op);
     });
   }
+  if (s.forward.vbe) common::end_gpu_call(a.weights.device(), stream, a.op);
   auto sparse = sparse_gradient_from_rows(grad_rows, seg_offsets, seg_dims, a.weights);
   return {std::get<0>(sparse), std::get<1>(sparse), grad_psw};
 }

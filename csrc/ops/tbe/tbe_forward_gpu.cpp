@@ -8,6 +8,7 @@
 #include "kernels/tbe/tbe_forward.h"
 #include "ops/common/device_error_gpu.h"
 #include "ops/tbe/tbe.h"
+#include "ops/tbe/tbe_vbe_gpu.h"
 
 namespace hipdlrm {
 namespace ops {
@@ -20,20 +21,28 @@ at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_
                            const at::Tensor& rows_per_table, std::int64_t total_D, std::int64_t max_D,
                            const at::Tensor& indices, const at::Tensor& offsets, std::int64_t pooling_mode,
                            const std::optional<at::Tensor>& per_sample_weights, at::ScalarType output_dtype,
-                           const std::optional<at::Tensor>& vbe_bag_starts, std::int64_t vbe_output_size) {
+                           const std::optional<at::Tensor>& vbe_batch_sizes, std::int64_t vbe_output_size) {
   const ForwardShape s = check_forward_arguments(weights, weights_offsets, D_offsets, rows_per_table, total_D, max_D,
-                                                 indices, offsets, pooling_mode, per_sample_weights, output_dtype);
-  const std::int64_t vbe_numel = check_vbe_arguments(s, vbe_bag_starts, vbe_output_size, weights);
+                                                 indices, offsets, pooling_mode, per_sample_weights, output_dtype,
+                                                 "tbe_forward", vbe_batch_sizes.has_value());
+  check_forward_vbe(s, vbe_batch_sizes, vbe_output_size, weights);
   const c10::cuda::CUDAGuard guard(weights.device());
+  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
   // Raises what an earlier call's kernels recorded (e.g. the bounds check that ran before this lookup).
-  (void)common::begin_gpu_call(weights.device(), c10::cuda::getCurrentCUDAStream(), "tbe_forward");
-  at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype, vbe_numel);
+  const common::DeviceErrorSink sink = common::begin_gpu_call(weights.device(), stream, "tbe_forward");
+  at::Tensor out = empty_forward_output(s, total_D, max_D, weights, output_dtype, s.vbe ? vbe_output_size : -1);
+  // VBE: the bag plan places every bag, so every output value is written (or, for invalid batch sizes, the
+  // output is zeroed and the error raised by a later call).
+  VbePlan plan;
+  if (s.vbe) {
+    plan = vbe_plan_gpu(s, D_offsets, *vbe_batch_sizes, vbe_output_size, &out, sink, stream);
+    common::end_gpu_call(weights.device(), stream, "tbe_forward");  // strict mode: raises what the plan found
+  }
   // With no bag at all, NONE-mode rows belong to no bag: they are zeros, and there is nothing to launch.
-  if (s.num_features * s.batch_size == 0) return out.zero_();
+  if (s.num_bags == 0) return s.vbe ? out : out.zero_();
   if (out.numel() == 0) return out;
 
   const int device = weights.get_device();
-  const gpu::stream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_INDEX_TYPES(indices.scalar_type(), "tbe_forward_gpu", [&] {
     ktbe::ForwardProblem<index_t> p;
     p.weights = weights.data_ptr();
@@ -44,6 +53,7 @@ at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_
     p.rows_per_table = rows_per_table.data_ptr<std::int64_t>();
     p.num_features = s.num_features;
     p.batch_size = s.batch_size;
+    p.num_bags = s.num_bags;
     p.total_D = total_D;
     p.max_D = max_D;
     p.indices = indices.data_ptr<index_t>();
@@ -53,9 +63,9 @@ at::Tensor tbe_forward_gpu(const at::Tensor& weights, const at::Tensor& weights_
     p.per_sample_weights = per_sample_weights.has_value() ? per_sample_weights->data_ptr<float>() : nullptr;
     p.output = out.data_ptr();
     p.output_dtype = s.output_dtype;
-    if (vbe_numel >= 0) {
-      p.bag_starts = vbe_bag_starts->data_ptr<std::int64_t>();
-      p.output_numel = vbe_numel;
+    if (s.vbe) {
+      p.bag_feature = plan.bag_feature.data_ptr<std::int32_t>();
+      p.bag_start = plan.bag_start.data_ptr<std::int64_t>();
     }
     const gpu::status_t st = ktbe::launch_forward(p, gpu::device_wave_size(device), gpu::device_multiprocessors(device),
                                                 stream);
