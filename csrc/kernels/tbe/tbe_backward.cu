@@ -219,7 +219,7 @@ HIPDLRM_DEVICE int lowest_lane(gpu::lane_mask_t m) { return __ffsll(static_cast<
 // Bag g's feature and gradient values (0 <= g < G < 2^31, checked by the binding): tbe_types.h's bag_place.
 template <typename Problem>
 HIPDLRM_DEVICE BagPlace place_of(const Problem& p, std::int64_t g) {
-  return bag_place(p.bag_feature, p.bag_start, p.batch_size, p.total_D, p.D_offsets, g);
+  return bag_place(p.bag_feature, p.bag_start, p.batch_size, p.num_bags, p.total_D, p.D_offsets, g);
 }
 
 // First column of the lane's k-th vector, relative to the start of a chunk.
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kBlock) linearize_kernel(BackwardProblem<index
       len = end - start;
     }
     const BagPlace place = valid ? place_of(p, g) : BagPlace{-1, -1};
-    valid = valid && place.feature >= 0;
+    valid = valid && place.start >= 0;
     if (valid) {
       const std::int64_t t = place.feature;
       const std::int64_t d0 = p.D_offsets[t];

@@ -81,15 +81,15 @@ HIPDLRM_DEVICE int vector_kind(const Feature<W>& f) {
   return 2;
 }
 
-// Rows of feature t's table that a lookup may read: none for t < 0 (a bag without a place).
 template <typename index_t>
-HIPDLRM_DEVICE std::int64_t feature_rows(const ForwardProblem<index_t>& p, std::int64_t t) {
-  return t < 0 ? 0 : safe_rows(p, t);
+HIPDLRM_DEVICE std::int64_t feature_of(const ForwardProblem<index_t>& p, std::int64_t g) {
+  return bag_feature_of(p.bag_feature, p.batch_size, p.num_bags, g);
 }
 
+// Bag g's plan entry (VBE's start), 0 without a plan.
 template <typename index_t>
-HIPDLRM_DEVICE BagPlace place_of(const ForwardProblem<index_t>& p, std::int64_t g) {
-  return bag_place(p.bag_feature, p.bag_start, p.batch_size, p.total_D, p.D_offsets, g);
+HIPDLRM_DEVICE std::int64_t plan_entry(const ForwardProblem<index_t>& p, std::int64_t g) {
+  return p.bag_start != nullptr ? p.bag_start[g] : 0;
 }
 
 struct BagRange {
@@ -282,8 +282,12 @@ HIPDLRM_DEVICE void copy_bag_stores(const ForwardProblem<index_t>& p, const Feat
 
 }  // namespace forward_detail
 
+// Two resident blocks per multiprocessor on NVIDIA: ptxas then keeps every kernel within 128 registers with
+// all U * K row loads in flight. Without the bound its own heuristic varied from build to build, down to
+// one row in flight (each load sunk to its first use), which halved the fp16 D=192 lookup on the H200
+// (docs/tbe.md).
 template <typename W, typename O, typename index_t, int K>
-__global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProblem<index_t> p, int group_log2) {
+__global__ void HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kForwardBlock, 2) tbe_pooled_kernel(ForwardProblem<index_t> p, int group_log2) {
   using namespace forward_detail;
   constexpr int kWide = 16 / sizeof(W), kNarrow = 8 / sizeof(W);
   constexpr int U = rows_in_flight<K>();
@@ -296,33 +300,35 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_pooled_kernel(ForwardProble
 
   std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
   if (g >= bags) return;
+  const bool vbe = p.bag_feature != nullptr;
   BagRange r = bag_range(p, g);
-  BagPlace place = place_of(p, g);
-  RowBatch<U> cur = fetch_rows<U>(p, feature_rows(p, place.feature), r.start, r.end, r.start);
+  std::int64_t entry = plan_entry(p, g);
+  RowBatch<U> cur = fetch_rows<U>(p, safe_rows(p, feature_of(p, g)), r.start, r.end, r.start);
   for (; g < bags; g += stride) {
-    // The next bag's offsets, place and table size are read now, so that they have arrived when this
+    // The next bag's offsets, table size and plan entry are read now, so that they have arrived when this
     // bag's last iteration fetches that bag's first rows.
     const std::int64_t g_next = g + stride;
     Upcoming after{BagRange{0, 0}, 0};
-    BagPlace place_next{-1, 0};
+    std::int64_t entry_next = 0;
     if (g_next < bags) {
-      place_next = place_of(p, g_next);
-      after = Upcoming{bag_range(p, g_next), feature_rows(p, place_next.feature)};
+      after = Upcoming{bag_range(p, g_next), safe_rows(p, feature_of(p, g_next))};
+      entry_next = plan_entry(p, g_next);
     }
 
-    const bool placed = place.feature >= 0;
-    Feature<W> f = load_feature<W>(p, placed ? place.feature : 0, false);
-    if (!placed) f.cols = 0;  // no place in the output: the bag writes nothing
+    const std::int64_t t = feature_of(p, g);
+    Feature<W> f = load_feature<W>(p, t, false);
+    const std::int64_t start = bag_start_of(vbe, entry, p.batch_size, p.total_D, g, t, f.out_col);
+    if (start < 0) f.cols = 0;  // no place in the output: the bag writes nothing
     const std::int64_t len = r.end - r.start;
     const float scale = mean ? (len > 0 ? 1.0f / static_cast<float>(len) : 0.0f) : 1.0f;
-    O* const out = static_cast<O*>(p.output) + (f.cols > 0 ? place.start : 0);
+    O* const out = static_cast<O*>(p.output) + (f.cols > 0 ? start : 0);
     switch (vector_kind(f)) {
       case 0: pool_bag<W, O, index_t, K, kWide>(p, f, r, lane, group, scale, out, cur, after); break;
       case 1: pool_bag<W, O, index_t, K, kNarrow>(p, f, r, lane, group, scale, out, cur, after); break;
       default: pool_bag<W, O, index_t, K, 1>(p, f, r, lane, group, scale, out, cur, after); break;
     }
     r = after.range;
-    place = place_next;
+    entry = entry_next;
   }
 }
 
@@ -337,7 +343,7 @@ __global__ void __launch_bounds__(kForwardBlock) tbe_sequence_kernel(ForwardProb
   O* const out = static_cast<O*>(p.output);
   for (std::int64_t g = static_cast<std::int64_t>(blockIdx.x) * groups_per_block + (threadIdx.x >> group_log2);
        g < bags; g += static_cast<std::int64_t>(gridDim.x) * groups_per_block) {
-    const Feature<W> f = load_feature<W>(p, place_of(p, g).feature, true);
+    const Feature<W> f = load_feature<W>(p, feature_of(p, g), true);
     const BagRange r = bag_range(p, g);
     const std::int64_t lo = g == 0 ? 0 : r.start;
     const std::int64_t hi = g == bags - 1 ? p.num_indices : r.end;

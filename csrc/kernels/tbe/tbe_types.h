@@ -30,27 +30,41 @@ enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 
 inline int dtype_bytes(DType d) { return d == DType::kFloat32 ? 4 : 2; }
 
-// Where bag g is: its feature (-1: the bag has no place, so the forward writes nothing for it and its
-// lookups get no gradient) and the start of its D values in the pooled output. Fixed batch (no bag plan):
+// Where bag g is: its feature and the start of its D values in the pooled output (-1: the bag has no place,
+// so the forward writes nothing for it and its lookups get no gradient; only an invalid VBE plan does that). Fixed batch (no bag plan):
 // bag b = g - t * B of feature t = g / B, at b * total_D + D_offsets[t] of the [B, total_D] output (the
 // callers keep the columns inside total_D). VBE: the bag plan's entries (vbe_plan_bag). Every forward and
-// backward, CPU and GPU, addresses bags through this.
+// backward, CPU and GPU, addresses bags through bag_place, or (the forward kernel, which reads a bag's
+// feature one bag ahead) through its two parts, bag_feature_of and bag_start_of.
 struct BagPlace {
   std::int64_t feature;
   std::int64_t start;
 };
 
+// Bag g's feature: the plan's entry, or g / B for the fixed batch, where g < num_bags; a 64-bit division is
+// tens of instructions on both vendors' GPUs, and every real batch has fewer than 2^32 bags, which a 32-bit
+// division covers (the test is uniform across a launch).
+HIPDLRM_HOST_DEVICE std::int64_t bag_feature_of(const std::int32_t* bag_feature, std::int64_t batch_size,
+                                                std::int64_t num_bags, std::int64_t g) {
+  if (bag_feature != nullptr) return bag_feature[g];
+  if (num_bags <= static_cast<std::int64_t>(UINT32_MAX))
+    return static_cast<std::int64_t>(static_cast<std::uint32_t>(g) / static_cast<std::uint32_t>(batch_size));
+  return g / batch_size;
+}
+
+// Bag g's start, given its feature t and that feature's first column d0 = D_offsets[t]: `entry`, the plan's
+// bag_start[g], with a plan (`vbe`), else b * total_D + d0.
+HIPDLRM_HOST_DEVICE std::int64_t bag_start_of(bool vbe, std::int64_t entry, std::int64_t batch_size,
+                                              std::int64_t total_D, std::int64_t g, std::int64_t t, std::int64_t d0) {
+  return vbe ? entry : (g - t * batch_size) * total_D + d0;
+}
+
 HIPDLRM_HOST_DEVICE BagPlace bag_place(const std::int32_t* bag_feature, const std::int64_t* bag_start,
-                                       std::int64_t batch_size, std::int64_t total_D,
+                                       std::int64_t batch_size, std::int64_t num_bags, std::int64_t total_D,
                                        const std::int32_t* D_offsets, std::int64_t g) {
-  if (bag_feature != nullptr) return BagPlace{bag_feature[g], bag_start[g]};
-  // A 64-bit division is tens of instructions on both vendors' GPUs; every real batch has fewer than 2^32
-  // bags, which a 32-bit division covers.
-  const std::int64_t t =
-      g <= static_cast<std::int64_t>(UINT32_MAX) && batch_size <= static_cast<std::int64_t>(UINT32_MAX)
-          ? static_cast<std::int64_t>(static_cast<std::uint32_t>(g) / static_cast<std::uint32_t>(batch_size))
-          : g / batch_size;
-  return BagPlace{t, (g - t * batch_size) * total_D + D_offsets[t]};
+  const std::int64_t t = bag_feature_of(bag_feature, batch_size, num_bags, g);
+  if (bag_feature != nullptr) return BagPlace{t, bag_start[g]};
+  return BagPlace{t, bag_start_of(false, 0, batch_size, total_D, g, t, D_offsets[t])};
 }
 
 // ---- VBE: FBGEMM's variable batch size per feature and rank -------------------------------------------

@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kPlaceBlock) vbe_place_kernel(VbePlanProblem p
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * kPlaceBlock;
   const std::int64_t first = static_cast<std::int64_t>(blockIdx.x) * kPlaceBlock + threadIdx.x;
   for (std::int64_t g = first; g < p.num_bags; g += stride) {
-    BagPlace place{-1, -1};
+    BagPlace place{0, -1};  // an invalid plan: no place (feature 0 keeps every feature read in bounds)
     if (!bad) place = vbe_plan_bag(p.scratch, p.scratch + K + 1, K, p.num_ranks, p.D_offsets, g);
     p.bag_feature[g] = static_cast<std::int32_t>(place.feature);
     p.bag_start[g] = place.start;

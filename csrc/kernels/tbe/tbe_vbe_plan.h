@@ -22,7 +22,7 @@ struct VbePlanProblem {
   std::int64_t* scratch = nullptr;            // [vbe_plan_scratch(T, R)], device
   std::int32_t* bag_feature = nullptr;        // [G]: the plan, written
   std::int64_t* bag_start = nullptr;          // [G]
-  // Zeroed when the plan is invalid (every bag then has feature -1 and writes nothing): the forward's
+  // Zeroed when the plan is invalid (every bag then has start -1 and writes nothing): the forward's
   // output, or null.
   void* output = nullptr;
   std::int64_t output_bytes = 0;
@@ -35,7 +35,8 @@ inline std::int64_t vbe_plan_scratch(std::int64_t num_features, std::int64_t num
 
 // Enqueues the plan on `stream`: one block scans and judges the batch sizes (recording the first problem,
 // in the CPU path's order, into `sink`: ErrorOp::kTbeVbe, code VbePlanError, values {op, ...}), then a
-// grid places every bag, or marks every bag unplaced (feature -1) and zeroes `output` if the plan is invalid.
+// grid places every bag, or leaves every bag without a place (start -1, feature 0) and zeroes `output` if
+// the plan is invalid.
 gpu::status_t launch_vbe_plan(const VbePlanProblem& p, const common::DeviceErrorSink& sink, int multiprocessors,
                               gpu::stream_t stream);
 

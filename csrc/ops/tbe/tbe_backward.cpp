@@ -105,7 +105,8 @@ struct Context {
   const std::int64_t* bag_start;
 
   ktbe::BagPlace place(std::int64_t g) const {
-    return ktbe::bag_place(bag_feature, bag_start, shape->forward.batch_size, total_D, D_offsets, g);
+    return ktbe::bag_place(bag_feature, bag_start, shape->forward.batch_size, shape->forward.num_bags, total_D,
+                           D_offsets, g);
   }
   std::int64_t feature(std::int64_t g) const { return place(g).feature; }
   // Lookup pos's gradient values (of bag g) in grad_output: the bag's place, or the lookup's own row in

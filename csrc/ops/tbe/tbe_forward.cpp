@@ -100,7 +100,7 @@ void forward_cpu_typed(const ForwardShape& s, const W* weights, const std::int64
     std::vector<float> acc(static_cast<std::size_t>(max_D));
     for (std::int64_t g = begin; g < end; ++g) {
       const kernels::tbe::BagPlace place =
-          kernels::tbe::bag_place(bag_feature, bag_start, s.batch_size, total_D, doff, g);
+          kernels::tbe::bag_place(bag_feature, bag_start, s.batch_size, s.num_bags, total_D, doff, g);
       const std::int64_t t = place.feature;
       const std::int64_t D = static_cast<std::int64_t>(doff[t + 1]) - doff[t];
       const W* table = weights + wo[t];
