@@ -175,6 +175,7 @@ struct SegmentProblem {
   const std::int64_t* row_offsets;
   std::int64_t total_rows;
   std::int64_t batch_size;
+  std::int64_t num_bags;
   std::int64_t total_D;
   std::int64_t max_D;
   std::int64_t num_indices;
@@ -193,7 +194,7 @@ template <typename index_t>
 SegmentProblem segment_problem(const BackwardProblem<index_t>& p) {
   return SegmentProblem{p.grad_output,      p.bag_feature,      p.bag_start,
                         p.weights,          p.weights_offsets,  p.D_offsets,
-                        p.row_offsets,      p.total_rows,       p.batch_size,
+                        p.row_offsets,      p.total_rows,       p.batch_size,       p.num_bags,
                         p.total_D,          p.max_D,            p.num_indices,
                         p.pooling_mode == PoolingMode::kNone,   p.momentum1,
                         p.momentum2,        p.momentum1_dtype,  p.momentum2_dtype,
