@@ -4,14 +4,14 @@ Kernel development, not a benchmark of record (benchmarks/ holds those). Workloa
 benchmarks' own helpers so the shapes are theirs:
   hstu    the HSTU attention backward at generative-recommenders' shape (B=512, H=4, D=128, bf16, causal,
           lengths in [0.9 N, N)), N from --seq-len;
-  tbe     the TBE backward with EXACT_ROWWISE_ADAGRAD on benchmarks/tbe.py's configurations (--configs),
-          1M rows per table, uniform ids; the forward each backward needs is profiled with it and listed
-          under its own kernel names;
+  tbe     the TBE backward on benchmarks/tbe.py's configurations (--configs), with each optimizer of
+          --optimizers (default EXACT_ROWWISE_ADAGRAD), 1M rows per table, uniform ids; the forward each
+          backward needs is profiled with it and listed under its own kernel names;
   bounds  bounds_check_indices (WARNING) on benchmarks/bounds_check.py's workload, random violations at
           0% and 5%, with the benchmark's restore copy and L2 flush listed beside the op's kernels.
 
   python scripts/dev/kernel_breakdown.py [hstu] [tbe] [bounds] [--seq-len 1024] [--configs 0,1,2] [--reps 5]
-                                         [--no-profiler]
+                                         [--optimizers EXACT_ROWWISE_ADAGRAD,ADAM] [--no-profiler]
 
 Prints, per workload, each kernel's mean GPU time per call (us), its launches per call, its share of the
 total, and the sum. --no-profiler runs the same calls without torch.profiler, for Nsight Compute
@@ -84,7 +84,7 @@ def hstu(seq_len: int, reps: int) -> None:
     breakdown(f"HSTU backward B=512 H=4 D=128 N={seq_len} bf16 causal", backward, reps=reps)
 
 
-def tbe(configs: List[int], reps: int) -> None:
+def tbe(configs: List[int], optimizers: List[str], reps: int) -> None:
     import hipdlrm
     import tbe as T
 
@@ -92,13 +92,14 @@ def tbe(configs: List[int], reps: int) -> None:
     rows = 1_000_000
     for ci in configs:
         config = T.PAPER_CONFIGS[ci]
-        module = T.make_module(config, rows, device, hipdlrm.OptimType.EXACT_ROWWISE_ADAGRAD)
-        wl = T.make_workload(module, config, 1.0, rows, 1000 * ci, device)
-        ours = T.training_variants(wl, device, whole_step=False)[0]
-        breakdown(f"TBE backward + rowwise Adagrad, {config.label}, uniform (forward kernels listed too)",
-                  ours.fn, ours.setup, reps=reps)
-        del module, wl, ours
-        torch.cuda.empty_cache()
+        for name in optimizers:
+            module = T.make_module(config, rows, device, hipdlrm.OptimType[name])
+            wl = T.make_workload(module, config, 1.0, rows, 1000 * ci, device)
+            ours = T.training_variants(wl, device, whole_step=False)[0]
+            breakdown(f"TBE backward + {name}, {config.label}, uniform (forward kernels listed too)",
+                      ours.fn, ours.setup, reps=reps)
+            del module, wl, ours
+            torch.cuda.empty_cache()
 
 
 def bounds(reps: int) -> None:
@@ -131,6 +132,8 @@ def main(argv=None) -> int:
     p.add_argument("what", nargs="*", help="hstu, tbe and/or bounds (default hstu and tbe)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--configs", default="0,1,2", help="comma-separated indices of benchmarks/tbe.py's configurations")
+    p.add_argument("--optimizers", default="EXACT_ROWWISE_ADAGRAD",
+                   help="comma-separated hipdlrm.OptimType names for the tbe workload")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--no-profiler", action="store_true",
                    help="run the calls without torch.profiler (to run under Nsight Compute, which excludes it)")
@@ -147,7 +150,7 @@ def main(argv=None) -> int:
     if "hstu" in args.what:
         hstu(args.seq_len, args.reps)
     if "tbe" in args.what:
-        tbe([int(c) for c in args.configs.split(",") if c], args.reps)
+        tbe([int(c) for c in args.configs.split(",") if c], [o for o in args.optimizers.split(",") if o], args.reps)
     if "bounds" in args.what:
         bounds(args.reps)
     return 0

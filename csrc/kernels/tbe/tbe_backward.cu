@@ -46,6 +46,7 @@
 // and loads with a scalar base. Determinism without atomics also avoids MI300's cross-XCD atomic
 // traffic on hot rows.
 #include <cstdint>
+#include <type_traits>
 
 #include "hipdlrm/gpu/device_sort.h"
 #include "hipdlrm/gpu/launch.h"
@@ -78,18 +79,23 @@ constexpr gpu::status_t kWorkspaceTooSmall = gpu::kInvalidValue;
 constexpr int kSegmentBlock = 128;
 
 // Register budget of the sorted stages on NVIDIA, as blocks of kSegmentBlock per multiprocessor: 6 (80
-// registers, 24 warps) with up to 2 vectors per lane, 4 (128 registers, 16 warps) with 4 and for an
-// optimizer with per-element state (Adam's two states per element spill in 80 registers), 3 for that with
-// 4; 5 (96 registers, 20 warps) with up to 2 vectors for one with row sums and no element state (row-wise
-// Adagrad: its measuring pass spills in 80). The apply kernel is bound by the latency of its per-segment
-// integer work, so more warps beat more loads in flight per warp (docs/tbe.md, "Backward"). AMD takes no
-// bound: hipcc's second launch bound means waves per SIMD, and the unbounded kernels fit 3 or more waves
-// per SIMD there.
-template <int K, OptimType kOpt>
+// registers, 24 warps), 5 (96, 20 warps), 4 (128, 16 warps) or 3 (168, 12 warps). The apply kernel is bound
+// by the latency of its per-segment work (its loads wait on the segment's bounds and lookups), so more
+// warps beat more loads in flight per warp, and a few spilled registers (Adam's and the LAMBs' builds spill
+// 40-140 bytes in 96) cost less than four warps fewer (docs/tbe.md, "Backward"). With at most 2 vectors per
+// lane: 80 registers without element state (96 for row-wise Adagrad's fp32 and prefetching builds, which
+// spill in 80), 96 with element state (128 for the prefetching builds that hold more than Adagrad's one
+// state). Only the 4-vector build can meet a row wider than one chunk (vectors_per_lane), so only it carries
+// the two-pass code of the row-sum optimizers. AMD takes no bound: hipcc's second launch bound means waves
+// per SIMD, and the unbounded kernels fit 3 or more waves per SIMD there.
+template <typename W, int K, OptimType kOpt, bool kPrefetch>
 constexpr int segment_min_blocks() {
-  if constexpr (OptimizerTraits<kOpt>::kElementStates > 0) return K >= 4 ? 3 : 4;
-  if constexpr (OptimizerTraits<kOpt>::kRowSums > 0) return K <= 2 ? 5 : 4;
-  return K <= 2 ? 6 : 4;
+  using Traits = OptimizerTraits<kOpt>;
+  if constexpr (K >= 4) return Traits::kElementStates > 0 ? 3 : 4;
+  if constexpr (Traits::kElementStates == 0)
+    return Traits::kRowSums > 0 && (kPrefetch || std::is_same<W, float>::value) ? 5 : 6;
+  if constexpr (kPrefetch && (Traits::kElementStates > 1 || Traits::kRowState || Traits::kRowSums > 0)) return 4;
+  return 5;
 }
 #define HIPDLRM_TBE_SEGMENT_BOUNDS(MIN_BLOCKS) HIPDLRM_LAUNCH_BOUNDS_NV_MIN_BLOCKS(kSegmentBlock, MIN_BLOCKS)
 
@@ -685,7 +691,7 @@ HIPDLRM_DEVICE Segment segment_at(const Workspace& w, std::int64_t s) {
 HIPDLRM_DEVICE bool partials_whole(std::int64_t max_D, std::int64_t D) { return max_D % kVec == 0 && D % kVec == 0; }
 
 template <int K>
-__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, OptimType::kNone>()))
+__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<float, K, OptimType::kNone, true>()))
     hot_pieces_kernel(SegmentProblem p, Workspace w) {
   constexpr std::int64_t kChunk = static_cast<std::int64_t>(K) * gpu::kWaveSize * kVec;
   const int lane = gpu::lane_id();
@@ -1019,7 +1025,7 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
     // summed and sums it once. A wider row goes chunk by chunk; an optimizer with row sums, which needs
     // them over the whole row before it updates any column, then makes two passes: the first only measures.
     using Traits = OptimizerTraits<kOpt>;
-    const bool single = D <= kChunk;
+    const bool single = K < 4 || D <= kChunk;
     RowState<W, K, kOpt> r;
     if (single) load_row(ref, 0, static_cast<int>(D), r);
     float multiplier = o.learning_rate, factor = 1.0f;
@@ -1086,7 +1092,7 @@ __global__ void step_kernel(OptimizerArgs o, std::int64_t* counters, double beta
 
 // Each wave takes W consecutive segments per pass (their bounds loaded at once, one per lane).
 template <typename W, int K, OptimType kOpt, bool kPrefetch>
-__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<K, kOpt>()))
+__global__ void HIPDLRM_TBE_SEGMENT_BOUNDS((segment_min_blocks<W, K, kOpt, kPrefetch>()))
     apply_kernel(SegmentProblem p, Workspace w, const std::int32_t* num_segments) {
   // This call's step values (step_kernel), read where they are used: the Adams' bias corrections here, the
   // rounding state per row. The settings stay kernel parameters, out of the registers.
