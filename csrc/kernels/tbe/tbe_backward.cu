@@ -34,9 +34,9 @@
 // scale, then its feature's offsets) into a cache that the wave walks through in sorted order, one
 // lookup broadcast to all lanes at a time; the gradient rows of up to U lookups (U sized to the rows the
 // segment has left) and the weight row and state of the segment are in flight before the first is used,
-// so a short segment costs about one memory latency. On NVIDIA the register budget is 80 (24 warps per
-// multiprocessor) for <= 2 vectors per lane: the apply kernel is bound by the latency of its
-// per-segment integer work, and more warps hide it better than more loads in flight per warp.
+// so a short segment costs about one memory latency. On NVIDIA the register budget is 80 or 96 (24 or 20
+// warps per multiprocessor) for <= 2 vectors per lane (segment_min_blocks): the apply kernel is bound by
+// the latency of its per-segment work, and more warps hide it better than more loads in flight per warp.
 //
 // AMD-specific choice: every cross-lane step goes through the platform layer with the compile-time wave
 // width (64 on CDNA), and the launch never assumes 32; segment-per-wave rather than per-warp-of-32
