@@ -730,10 +730,12 @@ def test_gpu_masks(case, dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", [64, 128])
 @pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
-def test_gpu_masks_head_dim_128(case, dtype):
-    """Every mask option at head dim 128, the width of the Hopper (wgmma) forward and backward."""
-    check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=128, dv=128))
+def test_gpu_masks_wgmma_head_dims(case, dim, dtype):
+    """Every mask option at head dims 64 and 128, the widths of the Hopper (wgmma) forward; the backward
+    runs both at 128 columns."""
+    check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=dim, dv=dim))
 
 
 def test_build_info_describes_the_build():
@@ -747,14 +749,15 @@ def test_build_info_describes_the_build():
 @requires_gpu
 def test_gpu_kernel_choice():
     """On a compute-capability 9.0 GPU with the sm_90a kernels built (and HIPDLRM_DISABLE_WGMMA unset), head
-    dim 128 runs the wgmma forward and backward; elsewhere (and at head dim 64) the portable ones."""
+    dims 64 and 128 run the wgmma forward and backward; elsewhere (and at head dims 32 and 256) the portable
+    ones."""
     import os
     from torch.profiler import ProfilerActivity, profile
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
     wgmma = (hopper and hipdlrm.build_info()["sm90a_kernels"]
              and os.environ.get("HIPDLRM_DISABLE_WGMMA", "0") in ("", "0"))
-    for d, expect_wgmma in ((128, wgmma), (64, False)):
+    for d, expect_wgmma in ((128, wgmma), (64, wgmma), (32, False), (256, False)):
         q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         offsets = torch.tensor([0, 17, 40], device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -770,8 +773,8 @@ def test_gpu_kernel_choice():
 
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
-    """The portable forward and backward at head dims in (64, 128], which the wgmma kernels replace on Hopper."""
-    run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_head_dim_128 or test_gpu_long_sequences")
+    """The portable forward and backward at head dims in (32, 128], which the wgmma kernels replace on Hopper."""
+    run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_wgmma_head_dims or test_gpu_long_sequences")
 
 
 @requires_gpu

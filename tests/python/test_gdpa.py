@@ -627,8 +627,9 @@ GPU_KV_LENGTHS = (70, 129, 5, 0, 257, 64, 191)
 @requires_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
 @pytest.mark.parametrize("activation", ACTIVATIONS)
-def test_gpu_activations(activation, dtype):
-    check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, dim=128, activation=activation,
+@pytest.mark.parametrize("dim", [64, 128])
+def test_gpu_activations(dim, activation, dtype):
+    check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, dim=dim, activation=activation,
                         dtype=dtype))
 
 
@@ -719,9 +720,10 @@ def test_gpu_jagged_batches_of_mostly_short_sequences(dim, dtype, window):
 
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
-    """The portable forward and backward at head dim 128, which the wgmma kernels replace on Hopper."""
+    """The portable forward and backward at head dims 64 and 128, which the wgmma kernels replace on Hopper."""
     run_with_wgmma_disabled("test_gdpa.py", "test_gpu_activations or test_gpu_windows or test_gpu_grouped_kv_heads "
-                                            "or test_gpu_dense_kv or test_gpu_broadcast_q or test_gpu_long_sequences")
+                                            "or test_gpu_dense_kv or test_gpu_broadcast_q or test_gpu_long_sequences "
+                                            "or test_gpu_jagged_batches")
 
 
 @requires_gpu

@@ -1,4 +1,4 @@
-// Hopper (sm_90a) backward of the pointwise-activation attention core at head dim 128 (HSTU and GDPA: the
+// Hopper (sm_90a) backward of the pointwise-activation attention core at head dims 64 and 128 (HSTU and GDPA: the
 // same variants, masks, arguments and outputs as attention_backward.h), on warpgroup MMA (wgmma).
 //
 // One block of two warpgroups per (sample, kv head, 128 keys); warpgroup w owns keys [64 w, 64 w + 64) of
@@ -18,7 +18,8 @@
 // on them. dRab as in the portable kernel. The dQ conversion kernel is the portable one.
 //
 // Used where the wgmma forward is (sm90_kernels_available: compute capability 9.0, an sm_90a build,
-// 64 < max(dqk, dv) <= 128; and LaunchOptions::wgmma); elsewhere an empty stub that is never launched.
+// 32 < max(dqk, dv) <= 128; and LaunchOptions::wgmma), at the forward's width (sm90_forward_dim: 64 or 128
+// columns, those past dqk and dv staged as zeros); elsewhere an empty stub that is never launched.
 #pragma once
 
 #include <type_traits>
@@ -60,19 +61,25 @@ namespace attention {
 //   memory traffic, so not for the L2 reuse it was tried for; why is not established.
 // - One block per tile. A persistent grid that prefetched the next tile's k / v and first q / dO measured
 //   slower at every step, not only at the tile boundaries.
+// Head dims 64 and 128 (the larger of dqk and dv rounded up; columns past dqk and dv staged as zeros): k, v,
+// q and dO tiles of kD / 64 blocks of 64 columns. At 64 the dQ = dS k of a step is one warpgroup's (the
+// other has no head-dim half to compute).
+template <int D>
 struct Sm90BwdConfig {
-  static constexpr int kD = 128;
+  static constexpr int kD = D;
   static constexpr int kBlockN = 128;  // keys per block (64 per warpgroup)
   static constexpr int kBlockM = 64;   // queries per step
   static constexpr int kThreads = 256;
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
   static constexpr int kTileQ = kBlockM * kD * 2;  // bytes of one q (or dO) tile
   static constexpr int kTileS = kBlockN * kBlockM * 2;
+  static constexpr int kBlockK = kBlockN * 128;  // bytes of one 64-column block of k / v (128 lines)
+  static constexpr int kBlockQ = kBlockM * 128;  // bytes of one 64-column block of q / dO (64 lines)
   static constexpr int kBars = 64;  // the two stages' mbarriers
   static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + kBars + 1024;  // + 1024-byte alignment slack
 };
 
-// TMA tensor maps of q and dO as [rows][heads * 128]; `enabled` is 0 where TMA cannot describe them (then
+// TMA tensor maps of q and dO as [rows][heads * kD]; `enabled` is 0 where TMA cannot describe them (then
 // every load is cp.async).
 struct Sm90BwdMaps {
 #if defined(HIPDLRM_HAS_TMA_MAPS)
@@ -83,18 +90,18 @@ struct Sm90BwdMaps {
 
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
 
-template <typename T, class V, bool kLean>
-__global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
+template <typename T, class V, bool kLean, int kD>
+__global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
     attention_backward_sm90_kernel(AttentionBackwardArgs args, const __grid_constant__ Sm90BwdMaps maps) {
 #if defined(HIPDLRM_WGMMA)
-  using Cfg = Sm90BwdConfig;
+  using Cfg = Sm90BwdConfig<kD>;
+  constexpr int kColBlocks = kD / 64;
   using F = Act<V::kAct, kTanhActivation<T>>;
   using Mma = gpu::Mma16<T>;
   namespace wg = gpu::wgmma;
   constexpr int kBM = Cfg::kBlockM, kBN = Cfg::kBlockN, kThreads = Cfg::kThreads;
   constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
-  constexpr int kBlockK = Cfg::kTileK / 2;  // bytes of one 64-column block of k / v (128 lines)
-  constexpr int kBlockQ = Cfg::kTileQ / 2;  // bytes of one 64-column block of q / dO (64 lines)
+  constexpr int kBlockK = Cfg::kBlockK, kBlockQ = Cfg::kBlockQ;
   constexpr bool kDkLate = V::kHstu && kLean;
   constexpr bool kFoldScale = V::kHstu && kLean && kBf16;
 
@@ -120,25 +127,26 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     if (maps.enabled && row0 + kBM <= blk.rows.nq) {
       if (tid == 0) {
         gpu::mbar::arrive_expect_tx(qdo_full + stage, 2 * Cfg::kTileQ);
-        const int col = static_cast<int>(h) * 128;
+        const int col = static_cast<int>(h) * kD;
         const int qrow = static_cast<int>(blk.rows.q0 + row0), orow = static_cast<int>(blk.rows.o0 + row0);
-        gpu::mbar::tma_load_2d(q_s, &maps.q, col, qrow, qdo_full + stage);
-        gpu::mbar::tma_load_2d(q_s + kBlockQ, &maps.q, col + 64, qrow, qdo_full + stage);
-        gpu::mbar::tma_load_2d(q_s + Cfg::kTileQ, &maps.dout, col, orow, qdo_full + stage);
-        gpu::mbar::tma_load_2d(q_s + Cfg::kTileQ + kBlockQ, &maps.dout, col + 64, orow, qdo_full + stage);
+#pragma unroll
+        for (int c = 0; c < kColBlocks; ++c) {
+          gpu::mbar::tma_load_2d(q_s + c * kBlockQ, &maps.q, col + 64 * c, qrow, qdo_full + stage);
+          gpu::mbar::tma_load_2d(q_s + Cfg::kTileQ + c * kBlockQ, &maps.dout, col + 64 * c, orow, qdo_full + stage);
+        }
       }
       return true;
     }
 #endif
-    stage_swizzled<kBM, kThreads>(q_s, blk.q0g + h * p.dqk, row0, blk.rows.nq, blk.q_stride, p.dqk);
-    stage_swizzled<kBM, kThreads>(q_s + Cfg::kTileQ, blk.do0g + h * p.dv, row0, blk.rows.nq, blk.o_stride, p.dv);
+    stage_swizzled<kBM, kThreads, kD>(q_s, blk.q0g + h * p.dqk, row0, blk.rows.nq, blk.q_stride, p.dqk);
+    stage_swizzled<kBM, kThreads, kD>(q_s + Cfg::kTileQ, blk.do0g + h * p.dv, row0, blk.rows.nq, blk.o_stride, p.dv);
     return false;
   };
   // Stages the k / v tile of `blk`.
   auto stage_kv = [&](const Block& blk) {
     unsigned char* const dst = kv_s;
-    stage_swizzled<kBN, kThreads>(dst, blk.kg, blk.j0, blk.rows.nkv, blk.k_stride, p.dqk);
-    stage_swizzled<kBN, kThreads>(dst + Cfg::kTileK, blk.vg, blk.j0, blk.rows.nkv, blk.v_stride, p.dv);
+    stage_swizzled<kBN, kThreads, kD>(dst, blk.kg, blk.j0, blk.rows.nkv, blk.k_stride, p.dqk);
+    stage_swizzled<kBN, kThreads, kD>(dst + Cfg::kTileK, blk.vg, blk.j0, blk.rows.nkv, blk.v_stride, p.dv);
   };
   // The walk: its first step, the step after t, and whether t is past the end.
   auto walk_first = [](const Block& blk) { return blk.prev_step(blk.num_steps - 1); };
@@ -216,9 +224,9 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     __syncthreads();
     if (tid == 0) ctl.pref_t = -1;  // read by every thread above, before this barrier
 
-    float dk[64], dv[64];
+    float dk[kD / 2], dv[kD / 2];
 #pragma unroll
-    for (int e = 0; e < 64; ++e) {
+    for (int e = 0; e < kD / 2; ++e) {
       dk[e] = 0.0f;
       dv[e] = 0.0f;
     }
@@ -254,21 +262,21 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         wg::fence();
         wg::fence_regs(dk);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
+        for (int kk = 0; kk < 4; ++kk) wg::RS<kD, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
         wg::commit();
       };
       if (live) {
         float st[32], dpt[32];
         wg::fence();
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
+        for (int kk = 0; kk < kD / 16; ++kk) {
           const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
           const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
           wg::SS<64, kBf16>::run(st, wg::desc_add(desc_k, off), wg::desc_add(desc_q, offq), kk > 0 ? 1 : 0);
         }
         wg::commit();
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
+        for (int kk = 0; kk < kD / 16; ++kk) {
           const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
           const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
           wg::SS<64, kBf16>::run(dpt, wg::desc_add(desc_v, off), wg::desc_add(desc_do, offq), kk > 0 ? 1 : 0);
@@ -321,7 +329,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         wg::fence();
         wg::fence_regs(dv);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::RS<128, kBf16>::run(dv, pp[kk], wg::desc_add(desc_do_t, 16 * kk * 128));
+        for (int kk = 0; kk < 4; ++kk) wg::RS<kD, kBf16>::run(dv, pp[kk], wg::desc_add(desc_do_t, 16 * kk * 128));
         wg::commit();
         wg::wait<1>();
         wg::fence_regs(dpt);
@@ -368,7 +376,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
       wg::fence_smem_for_async();
       __syncthreads();  // dS complete
       // dQ[64 q x 64 d] of head-dim half wgi = dS k over the 128 keys.
-      if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && 64 * wgi < p.dqk) {
+      if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && 64 * wgi < p.dqk && 64 * wgi < kD) {
         float dq[32];
         wg::fence();
 #pragma unroll
@@ -391,7 +399,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         // reductions of a step). Head dims below 128 drop the pairs past dqk, at the cost of that ordering.
         const int c0 = 64 * wgi + 2 * t4;
         float* const dqa = bb.dqa0 + h * p.dqk + c0;
-        const bool all_cols = p.dqk == 128;
+        const bool all_cols = p.dqk == kD;
         // Both rows' addresses before the first reduction: nothing is computed between them.
         const int ia = i0 + 16 * warp + g;
         float* const rows2[2] = {dqa + static_cast<std::int64_t>(ia) * bb.q_stride,
@@ -440,7 +448,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
     const std::int64_t k_stride = bb.k_stride, v_stride = bb.v_stride;
     T* const gk = static_cast<T*>(args.grad_k) + rows.kv0 * k_stride + static_cast<std::int64_t>(bb.hk) * p.dqk;
     T* const gv = static_cast<T*>(args.grad_v) + rows.kv0 * v_stride + static_cast<std::int64_t>(bb.hk) * p.dv;
-    const bool epi_smem = p.dqk == 128 && p.dv == 128 && ((k_stride | v_stride) & 7) == 0 &&
+    const bool epi_smem = kD == 128 && p.dqk == 128 && p.dv == 128 && ((k_stride | v_stride) & 7) == 0 &&
                           ((reinterpret_cast<std::uintptr_t>(gk) | reinterpret_cast<std::uintptr_t>(gv)) & 15) == 0;
     if (epi_smem) {
       // Line kl of a tile: 256 bytes, chunk c (8 columns) at 16 ((c & 8) | ((c & 7) ^ (kl & 7))). k_s and v_s are
@@ -475,7 +483,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
         const int j = j0 + kr0 + 8 * half;
         if (j < nkv) {
 #pragma unroll
-          for (int jj = 0; jj < 16; ++jj) {
+          for (int jj = 0; jj < kD / 8; ++jj) {
             const int col = 8 * jj + 2 * t4;
             if (col < p.dqk) {
               *reinterpret_cast<std::uint32_t*>(gk + static_cast<std::int64_t>(j) * k_stride + col) =
@@ -500,30 +508,30 @@ __global__ void __launch_bounds__(Sm90BwdConfig::kThreads, 1)
 #endif
 }
 
-template <typename T, class V, bool kLean>
+template <typename T, class V, bool kLean, int kD>
 gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs& args, gpu::stream_t stream) {
-  using Cfg = Sm90BwdConfig;
+  using Cfg = Sm90BwdConfig<kD>;
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
   gpu::status_t st =
       build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, args.offsets_check, args.errors, stream);
   if (st != gpu::kSuccess || capacity == 0) return st;
-  st = gpu::allow_dynamic_smem<attention_backward_sm90_kernel<T, V, kLean>>(Cfg::kSmem);
+  st = gpu::allow_dynamic_smem<attention_backward_sm90_kernel<T, V, kLean, kD>>(Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
   const std::int64_t blocks = capacity * kv_heads;
   Sm90BwdMaps maps;
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   {
     constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
-    const std::uint64_t cols = std::uint64_t(p.heads) * 128;
+    const std::uint64_t cols = std::uint64_t(p.heads) * kD;
     // broadcast_q: dO has B x (the one query sequence) rows, a count the host does not hold.
-    maps.enabled = p.dqk == 128 && p.dv == 128 && !p.broadcast_q && p.total_tokens > 0 &&
+    maps.enabled = p.dqk == kD && p.dv == kD && !p.broadcast_q && p.total_tokens > 0 &&
                    gpu::make_tma_map_2d(&maps.q, args.q, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM) &&
                    gpu::make_tma_map_2d(&maps.dout, args.grad_out, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM);
   }
 #endif
-  attention_backward_sm90_kernel<T, V, kLean>
+  attention_backward_sm90_kernel<T, V, kLean, kD>
       <<<static_cast<unsigned>(blocks), Cfg::kThreads, Cfg::kSmem, stream>>>(args, maps);
   return gpu::last_launch_status();
 }
@@ -537,8 +545,13 @@ inline bool sm90_backward_is_lean(const AttentionProblem& p, bool hstu) {
 
 template <typename T, class V>
 gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, gpu::stream_t stream) {
-  if (sm90_backward_is_lean(args.p, V::kHstu)) return launch_attention_backward_sm90_variant<T, V, true>(args, stream);
-  return launch_attention_backward_sm90_variant<T, V, false>(args, stream);
+  const bool lean = sm90_backward_is_lean(args.p, V::kHstu);
+  if (sm90_forward_dim(args.p) == 64) {
+    return lean ? launch_attention_backward_sm90_variant<T, V, true, 64>(args, stream)
+                : launch_attention_backward_sm90_variant<T, V, false, 64>(args, stream);
+  }
+  return lean ? launch_attention_backward_sm90_variant<T, V, true, 128>(args, stream)
+              : launch_attention_backward_sm90_variant<T, V, false, 128>(args, stream);
 }
 
 #endif  // HIPDLRM_PLATFORM_CUDA

@@ -1,15 +1,17 @@
-// Hopper (sm_90a) forward of the pointwise-activation attention core at head dim 128 (HSTU and GDPA: the
+// Hopper (sm_90a) forward of the pointwise-activation attention core at head dims 64 and 128 (HSTU and GDPA: the
 // same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma), warp-specialised
 // and persistent (attention_forward_sm90_ws_kernel below: a producer warpgroup, mbarriers, two consumer
 // warpgroups taking turns). Per key block a consumer computes S[64 x 128] = q k^T with both operands read by
-// wgmma from shared memory (8 k16 steps over the head dim), applies alpha, rab, the activation and the mask
-// to S in registers, packs it into the register A operand of O[64 x 128] += P v (v read from shared memory
+// wgmma from shared memory (kD / 16 k16 steps over the head dim), applies alpha, rab, the activation and the
+// mask to S in registers, packs it into the register A operand of O[64 x kD] += P v (v read from shared memory
 // in its natural [key][d] layout through the transposed-B descriptor), and O stays in registers until the
 // end. Masks skip whole key blocks as in the portable kernel; fully valid tiles take the mask-free path.
 // Tiles use the 128-byte swizzle (gpu/wgmma.h), written by cp.async or TMA with the same swizzle.
 //
-// Used for 64 < max(dqk, dv) <= 128 on a compute-capability 9.0 device when the extension was built for
-// sm_90a (HIPDLRM_SM90A_KERNELS) and the caller allows it (LaunchOptions::wgmma, attention_api.h).
+// Instantiated at head dims 64 and 128 (kD: tiles of one or two 64-column blocks); used for
+// 32 < max(dqk, dv) <= 128 (rounded up to kD, the columns past dqk and dv staged as zeros) on a
+// compute-capability 9.0 device when the extension was built for sm_90a (HIPDLRM_SM90A_KERNELS) and the
+// caller allows it (LaunchOptions::wgmma, attention_api.h).
 // Elsewhere the kernel is an empty stub that is never launched.
 #pragma once
 
@@ -28,24 +30,27 @@ namespace attention {
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
 
 // Rows [row0, row0 + kRows) of a [*, row_stride] tensor (16-bit elements, `cols` valid columns, a multiple
-// of 8) into a swizzled [kRows][128] tile; rows >= row_end and columns >= cols are zero.
-// `tid` in [0, kThreads): this thread's place among the kThreads that stage the tile.
-template <int kRows, int kThreads, typename T>
+// of 8) into a swizzled [kRows][kD] tile (kD / 64 blocks of 64 columns); rows >= row_end and columns >= cols
+// are zero. `tid` in [0, kThreads): this thread's place among the kThreads that stage the tile.
+template <int kRows, int kThreads, int kD = 128, typename T>
 HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
                                    std::int64_t row_stride, int cols, int tid) {
-  constexpr int kChunks = kRows * 16;  // 16-byte chunks of the 256-byte rows
+  static_assert(kD == 64 || kD == 128, "tiles of one or two 64-column blocks");
+  constexpr int kRowChunks = kD / 8;                 // 16-byte chunks of a row
+  constexpr int kShift = kD == 128 ? 4 : 3;
+  constexpr int kChunks = kRows * kRowChunks;
   for (int c = tid; c < kChunks; c += kThreads) {
-    const int r = c >> 4, chunk = c & 15;
+    const int r = c >> kShift, chunk = c & (kRowChunks - 1);
     const std::int64_t row = row0 + r;
     const bool ok = row < row_end && chunk * 8 < cols;
     stage_copy16(tile + gpu::wgmma::swizzled_offset(r, chunk, kRows), ok ? base + row * row_stride + chunk * 8 : base,
                  ok);
   }
 }
-template <int kRows, int kThreads, typename T>
+template <int kRows, int kThreads, int kD = 128, typename T>
 HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
                                    std::int64_t row_stride, int cols) {
-  stage_swizzled<kRows, kThreads>(tile, base, row0, row_end, row_stride, cols, static_cast<int>(threadIdx.x));
+  stage_swizzled<kRows, kThreads, kD>(tile, base, row0, row_end, row_stride, cols, static_cast<int>(threadIdx.x));
 }
 
 // Scores of one warpgroup's 64 query rows (from w0; this thread's rows r0 and r0 + 8, column pair 2 t of
@@ -93,11 +98,11 @@ struct Sm90Scores {
   }
 };
 
-// This warpgroup's 64 x 128 O tile (accumulator layout; this thread's rows r0 and r0 + 8, sample-relative)
+// This warpgroup's 64 x kD O tile (accumulator layout; this thread's rows r0 and r0 + 8, sample-relative)
 // scaled by the output scale and stored as pairs of columns; rows past the sequence end are not written.
-template <typename T, class V>
+template <typename T, class V, int kD>
 HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleRows& rows, std::int64_t o_stride,
-                                 int h, int r0, int t, const float (&o)[64]) {
+                                 int h, int r0, int t, const float (&o)[kD / 2]) {
   const AttentionProblem& p = args.p;
   T* const og = static_cast<T*>(args.out) + rows.o0 * o_stride + static_cast<std::int64_t>(h) * p.dv;
 #pragma unroll
@@ -109,7 +114,7 @@ HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleR
           kInvGain * (V::kHstu && p.scale_per_token != nullptr ? p.scale_per_token[rows.q0 + i] : p.scale_value);
       T* const orow = og + static_cast<std::int64_t>(i) * o_stride;
 #pragma unroll
-      for (int jj = 0; jj < 16; ++jj) {
+      for (int jj = 0; jj < kD / 8; ++jj) {
         const int col = 8 * jj + 2 * t;
         if (col < p.dv) {
           const std::uint32_t packed =
@@ -142,16 +147,20 @@ HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleR
 // reversed), so that under a causal mask, where the query blocks of one (sample, head) range from one key
 // block to all of them, a block that got a long tile in one round gets a short one in the next.
 // No __syncthreads in the loop: every hand-off is an mbarrier phase.
+// Head dims 64 and 128 (the larger of dqk and dv rounded up; columns past it staged as zeros): tiles of
+// kD / 64 blocks of 64 columns (128-byte lines).
+template <int D>
 struct Sm90WsConfig {
-  static constexpr int kD = 128, kBlockM = 128, kBlockN = 128, kThreads = 384;
+  static constexpr int kD = D, kBlockM = 128, kBlockN = 128, kThreads = 384;
   static constexpr int kTileQ = kBlockM * kD * 2, kTileKV = kBlockN * kD * 2;
+  static constexpr int kBlockQ = kBlockM * 128, kBlockKV = kBlockN * 128;  // bytes of one 64-column block
   static constexpr int kStages = 3;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kBarriers = 2 + 2 * kStages;  // q full / empty, then full / empty per stage
   static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024 + 8 * kBarriers;
 };
 
-// TMA tensor maps of q, k and v as [rows][heads * 128]: with `enabled` the producer loads q tiles and the
+// TMA tensor maps of q, k and v as [rows][heads * kD]: with `enabled` the producer loads q tiles and the
 // k/v blocks that lie wholly inside their sequence with one thread's TMA copies (instead of every producer
 // thread's cp.async, which costs the producer issue slots and registers); the k/v block at a sequence's end
 // keeps cp.async (whose zero fill the mask-free tiles rely on). q rows past a sequence's end hold the next
@@ -163,11 +172,12 @@ struct Sm90TmaMaps {
   int enabled = 0;
 };
 
-template <typename T, class V>
+template <typename T, class V, int kD>
 __global__ void __launch_bounds__(384, 1)
     attention_forward_sm90_ws_kernel(AttentionForwardArgs args, const __grid_constant__ Sm90TmaMaps maps) {
 #if defined(HIPDLRM_WGMMA)
-  using Cfg = Sm90WsConfig;
+  using Cfg = Sm90WsConfig<kD>;
+  constexpr int kColBlocks = kD / 64;
   namespace wg = gpu::wgmma;
   namespace mb = gpu::mbar;
   constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
@@ -211,16 +221,16 @@ __global__ void __launch_bounds__(384, 1)
       if (maps.enabled) {
         if (tid == 0) {
           mb::arrive_expect_tx(q_full, Cfg::kTileQ);
-          const int col = fb.h * 128, row = static_cast<int>(fb.rows.q0 + fb.i0);
-          mb::tma_load_2d(q_s, &maps.q, col, row, q_full);
-          mb::tma_load_2d(q_s + Cfg::kTileQ / 2, &maps.q, col + 64, row, q_full);
+          const int col = fb.h * kD, row = static_cast<int>(fb.rows.q0 + fb.i0);
+#pragma unroll
+          for (int c = 0; c < kColBlocks; ++c) mb::tma_load_2d(q_s + c * Cfg::kBlockQ, &maps.q, col + 64 * c, row, q_full);
         } else {
           mb::arrive(q_full);
         }
       } else
 #endif
       {
-        stage_swizzled<Cfg::kBlockM, 128>(q_s, fb.qg, fb.i0, fb.rows.nq, fb.q_stride, p.dqk, tid);
+        stage_swizzled<Cfg::kBlockM, 128, kD>(q_s, fb.qg, fb.i0, fb.rows.nq, fb.q_stride, p.dqk, tid);
         mb::arrive_when_copies_land(q_full);
       }
       ++q_fills;
@@ -234,11 +244,12 @@ __global__ void __launch_bounds__(384, 1)
         if (maps.enabled && row0 + kBN <= nkv) {
           if (tid == 0) {
             mb::arrive_expect_tx(full + s, 2 * Cfg::kTileKV);
-            const int col = fb.hk * 128, row = static_cast<int>(fb.rows.kv0 + row0);
-            mb::tma_load_2d(k_s, &maps.k, col, row, full + s);
-            mb::tma_load_2d(k_s + Cfg::kTileKV / 2, &maps.k, col + 64, row, full + s);
-            mb::tma_load_2d(k_s + Cfg::kTileKV, &maps.v, col, row, full + s);
-            mb::tma_load_2d(k_s + Cfg::kTileKV + Cfg::kTileKV / 2, &maps.v, col + 64, row, full + s);
+            const int col = fb.hk * kD, row = static_cast<int>(fb.rows.kv0 + row0);
+#pragma unroll
+            for (int c = 0; c < kColBlocks; ++c) {
+              mb::tma_load_2d(k_s + c * Cfg::kBlockKV, &maps.k, col + 64 * c, row, full + s);
+              mb::tma_load_2d(k_s + Cfg::kTileKV + c * Cfg::kBlockKV, &maps.v, col + 64 * c, row, full + s);
+            }
           } else {
             mb::arrive(full + s);
           }
@@ -246,8 +257,8 @@ __global__ void __launch_bounds__(384, 1)
           continue;
         }
 #endif
-        stage_swizzled<kBN, 128>(k_s, fb.kg, row0, nkv, fb.k_stride, p.dqk, tid);
-        stage_swizzled<kBN, 128>(k_s + Cfg::kTileKV, fb.vg, row0, nkv, fb.v_stride, p.dv, tid);
+        stage_swizzled<kBN, 128, kD>(k_s, fb.kg, row0, nkv, fb.k_stride, p.dqk, tid);
+        stage_swizzled<kBN, 128, kD>(k_s + Cfg::kTileKV, fb.vg, row0, nkv, fb.v_stride, p.dv, tid);
         mb::arrive_when_copies_land(full + s);
         ++fills;
       }
@@ -279,9 +290,9 @@ __global__ void __launch_bounds__(384, 1)
     };
     const unsigned char* const q_wg = q_s + 64 * cw * 128;
 
-    float o[64];
+    float o[kD / 2];
 #pragma unroll
-    for (int e = 0; e < 64; ++e) o[e] = 0.0f;
+    for (int e = 0; e < kD / 2; ++e) o[e] = 0.0f;
     mb::wait(q_full, q_fills & 1);
     ++q_fills;
     // Turn 0 issues S of the first block, turn k both S(k) and P(k-1) v, turn n the last P v alone. The wgmma
@@ -290,9 +301,9 @@ __global__ void __launch_bounds__(384, 1)
     // what is outside.
     auto issue_s = [&](float (&s)[kSRegs], int stage) {
 #pragma unroll
-      for (int kk = 0; kk < 8; ++kk) {
-        const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kTileQ / 2 + (kk & 3) * 32, 16, 1024);
-        const std::uint64_t db = wg::desc(stage_ptr(stage) + (kk >> 2) * Cfg::kTileKV / 2 + (kk & 3) * 32, 16, 1024);
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const std::uint64_t da = wg::desc(q_wg + (kk >> 2) * Cfg::kBlockQ + (kk & 3) * 32, 16, 1024);
+        const std::uint64_t db = wg::desc(stage_ptr(stage) + (kk >> 2) * Cfg::kBlockKV + (kk & 3) * 32, 16, 1024);
         wg::SS<kBN, kBf16>::run(s, da, db, kk > 0 ? 1 : 0);
       }
       wg::commit();
@@ -301,7 +312,7 @@ __global__ void __launch_bounds__(384, 1)
       const unsigned char* const v_s = stage_ptr(stage) + Cfg::kTileKV;
 #pragma unroll
       for (int kk = 0; kk < kPSteps; ++kk)
-        wg::RS<128, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kTileKV / 2, 1024));
+        wg::RS<kD, kBf16>::run(o, pa[kk], wg::desc(v_s + 16 * kk * 128, Cfg::kBlockKV, 1024));
       wg::commit();
     };
     auto release = [&](std::uint64_t* bar) {
@@ -361,7 +372,7 @@ __global__ void __launch_bounds__(384, 1)
       ++fills;
     }
 
-    sm90_store_o<T, V>(args, rows, fb.o_stride, h, r0, t, o);
+    sm90_store_o<T, V, kD>(args, rows, fb.o_stride, h, r0, t, o);
   }
 #else
   (void)args;
@@ -369,29 +380,31 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// Whether the wgmma kernels (this forward, attention_backward_sm90.h) can serve this problem on the current
-// device: an sm_90a build, a compute-capability 9.0 device and a head dim they are written for. Whether
-// they may is the caller's choice (LaunchOptions::wgmma).
+// Whether the wgmma kernels can serve this problem on the current device: an sm_90a build, a
+// compute-capability 9.0 device and a head dim (the larger of dqk and dv) in (32, 128], which both run at 64
+// or 128 columns (sm90_forward_dim), those past dqk and dv staged as zeros. Whether they may is the caller's
+// choice (LaunchOptions::wgmma).
 inline bool sm90_kernels_available(const AttentionProblem& p) {
 #if defined(HIPDLRM_SM90A_KERNELS)
   const int d = p.dqk > p.dv ? p.dqk : p.dv;
-  if (d <= 64 || d > 128) return false;
+  if (d <= 32 || d > 128) return false;
   return gpu::device_compute_capability(gpu::current_device()) == 90;
 #else
   (void)p;
   return false;
 #endif
 }
+inline int sm90_forward_dim(const AttentionProblem& p) { return (p.dqk > p.dv ? p.dqk : p.dv) <= 64 ? 64 : 128; }
 
-template <typename T, class V>
-gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  using Cfg = Sm90WsConfig;
+template <typename T, class V, int kD>
+gpu::status_t launch_attention_forward_sm90_dim(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  using Cfg = Sm90WsConfig<kD>;
   constexpr int kBN = Cfg::kBlockN;
   const std::int64_t capacity = schedule_capacity(args.p, Cfg::kBlockM, false);
   gpu::status_t st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, args.offsets_check,
                                     args.errors, stream);
   if (st != gpu::kSuccess || capacity == 0) return st;
-  st = gpu::allow_dynamic_smem<attention_forward_sm90_ws_kernel<T, V>>(Cfg::kSmem);
+  st = gpu::allow_dynamic_smem<attention_forward_sm90_ws_kernel<T, V, kD>>(Cfg::kSmem);
   if (st != gpu::kSuccess) return st;
   const std::int64_t tiles = capacity * args.p.heads;  // at most: the kernel reads the schedule's count
   const std::int64_t sms = gpu::device_multiprocessors(gpu::current_device());
@@ -403,17 +416,23 @@ gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gp
     const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
     const std::int64_t lkv = p.total_kv_tokens > 0 ? p.total_kv_tokens : (p.kv_offsets == nullptr ? p.total_tokens : 0);
     constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
-    maps.enabled = p.dqk == 128 && p.dv == 128 && lkv > 0 &&
-                   gpu::make_tma_map_2d(&maps.q, args.q, kBf16, std::uint64_t(p.heads) * 128, p.total_tokens,
-                                        std::uint64_t(p.heads) * 128, Cfg::kBlockM) &&
-                   gpu::make_tma_map_2d(&maps.k, args.k, kBf16, std::uint64_t(kv_heads) * 128, lkv,
-                                        std::uint64_t(kv_heads) * 128, kBN) &&
-                   gpu::make_tma_map_2d(&maps.v, args.v, kBf16, std::uint64_t(kv_heads) * 128, lkv,
-                                        std::uint64_t(kv_heads) * 128, kBN);
+    maps.enabled = p.dqk == kD && p.dv == kD && lkv > 0 &&
+                   gpu::make_tma_map_2d(&maps.q, args.q, kBf16, std::uint64_t(p.heads) * kD, p.total_tokens,
+                                        std::uint64_t(p.heads) * kD, Cfg::kBlockM) &&
+                   gpu::make_tma_map_2d(&maps.k, args.k, kBf16, std::uint64_t(kv_heads) * kD, lkv,
+                                        std::uint64_t(kv_heads) * kD, kBN) &&
+                   gpu::make_tma_map_2d(&maps.v, args.v, kBf16, std::uint64_t(kv_heads) * kD, lkv,
+                                        std::uint64_t(kv_heads) * kD, kBN);
   }
 #endif
-  attention_forward_sm90_ws_kernel<T, V><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, maps);
+  attention_forward_sm90_ws_kernel<T, V, kD><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, maps);
   return gpu::last_launch_status();
+}
+
+template <typename T, class V>
+gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
+  return sm90_forward_dim(args.p) == 64 ? launch_attention_forward_sm90_dim<T, V, 64>(args, stream)
+                                        : launch_attention_forward_sm90_dim<T, V, 128>(args, stream);
 }
 
 #endif  // HIPDLRM_PLATFORM_CUDA
