@@ -730,11 +730,11 @@ def test_gpu_masks(case, dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
-@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("dim", [32, 64, 128])
 @pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
 def test_gpu_masks_wgmma_head_dims(case, dim, dtype):
-    """Every mask option at head dims 64 and 128, the widths of the Hopper (wgmma) forward; the backward
-    runs both at 128 columns."""
+    """Every mask option at the head dims of the Hopper (wgmma) kernels: 32 (run at 64 columns), 64 and
+    128."""
     check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=dim, dv=dim))
 
 
@@ -749,7 +749,7 @@ def test_build_info_describes_the_build():
 @requires_gpu
 def test_gpu_kernel_choice():
     """On a compute-capability 9.0 GPU with the sm_90a kernels built (and HIPDLRM_DISABLE_WGMMA unset), head
-    dims 64 and 128 run the wgmma forward and backward; elsewhere (and at head dims 32 and 256) the portable
+    dims 32, 64 and 128 run the wgmma forward and backward; elsewhere (and at head dim 256) the portable
     ones."""
     import os
     from torch.profiler import ProfilerActivity, profile
@@ -757,7 +757,7 @@ def test_gpu_kernel_choice():
     hopper = torch.cuda.get_device_capability() == (9, 0)
     wgmma = (hopper and hipdlrm.build_info()["sm90a_kernels"]
              and os.environ.get("HIPDLRM_DISABLE_WGMMA", "0") in ("", "0"))
-    for d, expect_wgmma in ((128, wgmma), (64, wgmma), (32, False), (256, False)):
+    for d, expect_wgmma in ((128, wgmma), (64, wgmma), (32, wgmma), (256, False)):
         q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         offsets = torch.tensor([0, 17, 40], device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -773,7 +773,7 @@ def test_gpu_kernel_choice():
 
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
-    """The portable forward and backward at head dims in (32, 128], which the wgmma kernels replace on Hopper."""
+    """The portable forward and backward at head dims in (16, 128], which the wgmma kernels replace on Hopper."""
     run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_wgmma_head_dims or test_gpu_long_sequences")
 
 
