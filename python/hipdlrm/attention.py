@@ -133,7 +133,7 @@ def hstu_mha(
 
     Args:
         q, k: ``[L, H, Dqk]``; v: ``[L, H, Dv]``; one dtype (float16, bfloat16, float32; float64 for
-            gradcheck), any head dims (the GPU kernels serve 32, 64, 128 and 256 in fp16/bf16; others take
+            gradcheck), any head dims (the GPU kernels serve 16, 32, 64, 128 and 256 in fp16/bf16; others take
             the composite path, which on a GPU pads the sequences to max_seq_len: correct, not fast).
         seq_offsets: ``[B + 1]`` int32 or int64, non-decreasing, from 0 to L.
         num_targets: optional ``[B]`` int32/int64, the number of target tokens at the end of each sequence.

@@ -75,7 +75,7 @@ def gdpa(
 
     Args:
         query: ``[Lq, Hq, D]``; key, value: ``[Lkv, Hkv, D]``, Hq a multiple of Hkv; any D (the GPU kernels
-            serve 32, 64, 128 and 256 in fp16/bf16; others take the composite path, which on a GPU pads the
+            serve 16, 32, 64, 128 and 256 in fp16/bf16; others take the composite path, which on a GPU pads the
             samples to max_seq_len_q and max_seq_len_kv: correct, not fast); one
             dtype (float16, bfloat16, float32; float64 for gradcheck) and one device for every tensor.
         query_offset, key_offset: ``[B + 1]`` int32 or int64, from 0, non-decreasing, ending at Lq and Lkv;

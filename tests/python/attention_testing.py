@@ -68,7 +68,7 @@ def check_results(got: dict, exact: dict, low: Optional[dict], label: str, names
 
 def run_with_wgmma_disabled(test_file: str, selection: str) -> None:
     """Runs the tests of `test_file` that `selection` (a pytest -k expression) picks in a fresh process with
-    HIPDLRM_DISABLE_WGMMA=1, so that on a Hopper GPU (where head dims in (16, 128] take the wgmma kernels)
+    HIPDLRM_DISABLE_WGMMA=1, so that on a Hopper GPU (where head dims up to 128 take the wgmma kernels)
     the portable forward and backward kernels at those head dims are checked against the same references. Fails with the
     child's output unless every selected test passes (and at least one ran)."""
     import os

@@ -34,9 +34,9 @@ pytestmark = pytest.mark.usefixtures("strict_checks")
 
 FWD = torch.ops.hipdlrm.hstu_mha_fwd
 BWD = torch.ops.hipdlrm.hstu_mha_bwd
-HEAD_DIMS = [32, 64, 128, 256]
+HEAD_DIMS = [16, 32, 64, 128, 256]
 # Head dims without a kernel: the composite path computes them, on the CPU and on a GPU.
-OTHER_HEAD_DIMS = [(16, 16), (48, 48), (96, 96), (16, 48), (48, 128)]
+OTHER_HEAD_DIMS = [(48, 48), (96, 96), (16, 48), (48, 128)]
 GPU_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # Lengths: empty and one-token sequences, and lengths that are not multiples of 16.
 LENGTHS = [0, 1, 5, 17, 0, 33, 40]
@@ -730,11 +730,11 @@ def test_gpu_masks(case, dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
-@pytest.mark.parametrize("dim", [32, 64, 128])
+@pytest.mark.parametrize("dim", [16, 32, 64, 128])
 @pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
 def test_gpu_masks_wgmma_head_dims(case, dim, dtype):
-    """Every mask option at the head dims of the Hopper (wgmma) kernels: 32 (run at 64 columns), 64 and
-    128."""
+    """Every mask option at the head dims of the Hopper (wgmma) kernels: 16 and 32 (run at 64 columns), 64
+    and 128."""
     check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=dim, dv=dim))
 
 
@@ -749,15 +749,14 @@ def test_build_info_describes_the_build():
 @requires_gpu
 def test_gpu_kernel_choice():
     """On a compute-capability 9.0 GPU with the sm_90a kernels built (and HIPDLRM_DISABLE_WGMMA unset), head
-    dims 32, 64 and 128 run the wgmma forward and backward; elsewhere (and at head dim 256) the portable
-    ones."""
+    dims 16 to 128 run the wgmma forward and backward; elsewhere (and at head dim 256) the portable ones."""
     import os
     from torch.profiler import ProfilerActivity, profile
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
     wgmma = (hopper and hipdlrm.build_info()["sm90a_kernels"]
              and os.environ.get("HIPDLRM_DISABLE_WGMMA", "0") in ("", "0"))
-    for d, expect_wgmma in ((128, wgmma), (64, wgmma), (32, wgmma), (256, False)):
+    for d, expect_wgmma in ((128, wgmma), (64, wgmma), (32, wgmma), (16, wgmma), (256, False)):
         q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         offsets = torch.tensor([0, 17, 40], device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -773,7 +772,7 @@ def test_gpu_kernel_choice():
 
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
-    """The portable forward and backward at head dims in (16, 128], which the wgmma kernels replace on Hopper."""
+    """The portable forward and backward at head dims up to 128, which the wgmma kernels replace on Hopper."""
     run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_wgmma_head_dims or test_gpu_long_sequences")
 
 

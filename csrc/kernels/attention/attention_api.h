@@ -33,8 +33,8 @@ enum class Activation { kRaw, kRelu, kGelu, kFastGelu, kSilu };
 struct AttentionProblem {
   int batch = 0;                          // B
   int heads = 0;                          // H: query heads
-  int dqk = 0;                            // head dim of q and k: 32, 64, 128 or 256
-  int dv = 0;                             // head dim of v and out: 32, 64, 128 or 256
+  int dqk = 0;                            // head dim of q and k: 16, 32, 64, 128 or 256
+  int dv = 0;                             // head dim of v and out: 16, 32, 64, 128 or 256
   int max_seq_len = 0;                    // every query sequence has at most this many rows (checked by the binding)
   std::int64_t total_tokens = 0;          // Lq: rows of q (and of out unless broadcast_q)
   const std::int64_t* seq_offsets = nullptr;  // query offsets [B + 1], device, non-decreasing, first 0, last Lq

@@ -9,7 +9,7 @@
 // Tiles use the 128-byte swizzle (gpu/wgmma.h), written by cp.async or TMA with the same swizzle.
 //
 // Instantiated at head dims 64 and 128 (kD: tiles of one or two 64-column blocks); used for
-// 16 < max(dqk, dv) <= 128 (rounded up to kD, the columns past dqk and dv staged as zeros) on a
+// max(dqk, dv) <= 128 (rounded up to kD, the columns past dqk and dv staged as zeros) on a
 // compute-capability 9.0 device when the extension was built for sm_90a (HIPDLRM_SM90A_KERNELS) and the
 // caller allows it (LaunchOptions::wgmma, attention_api.h).
 // Elsewhere the kernel is an empty stub that is never launched.
@@ -381,13 +381,13 @@ __global__ void __launch_bounds__(384, 1)
 }
 
 // Whether the wgmma kernels can serve this problem on the current device: an sm_90a build, a
-// compute-capability 9.0 device and a head dim (the larger of dqk and dv) in (16, 128], which both run at 64
+// compute-capability 9.0 device and a head dim (the larger of dqk and dv) up to 128, which both run at 64
 // or 128 columns (sm90_forward_dim), those past dqk and dv staged as zeros. Whether they may is the caller's
 // choice (LaunchOptions::wgmma).
 inline bool sm90_kernels_available(const AttentionProblem& p) {
 #if defined(HIPDLRM_SM90A_KERNELS)
   const int d = p.dqk > p.dv ? p.dqk : p.dv;
-  if (d <= 16 || d > 128) return false;
+  if (d > 128) return false;
   return gpu::device_compute_capability(gpu::current_device()) == 90;
 #else
   (void)p;

@@ -1,6 +1,6 @@
 // HSTU attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
 //
-// fp16 and bf16 inputs at head dims 32, 64, 128 and 256 run on the matrix-core kernels
+// fp16 and bf16 inputs at head dims 16, 32, 64, 128 and 256 run on the matrix-core kernels
 // (kernels/attention/attention_api.h). fp32 and fp64 inputs, other head dims, and calls with attention
 // dropout take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation nor other head dims, and the
 // composite path is the reference the kernels are tested against. Neither path reads a value on the

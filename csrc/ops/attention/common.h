@@ -25,7 +25,7 @@ inline bool supported_dtype(at::ScalarType t) {
 }
 
 // The head dims the attention kernels are compiled for; the composite implementation takes any other.
-inline bool kernel_head_dim(std::int64_t d) { return d == 32 || d == 64 || d == 128 || d == 256; }
+inline bool kernel_head_dim(std::int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
 
 // The composite implementations compute in fp32, or in fp64 for fp64 inputs.
 inline at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }

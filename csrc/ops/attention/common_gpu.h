@@ -14,7 +14,8 @@ namespace hipdlrm {
 namespace ops {
 namespace attention {
 
-// The attention kernels are instantiated for fp16 and bf16 at head dims 32, 64, 128 and 256; other
+// The attention kernels serve fp16 and bf16 at head dims 16, 32, 64, 128 and 256 (16 on the 32-wide
+// portable kernels or the 64-wide Hopper ones, zero columns past it); other
 // dtypes and head dims take the composite path, which reads nothing on the host either.
 inline bool runs_on_kernels(at::ScalarType t, std::int64_t dqk, std::int64_t dv) {
   return (t == at::kHalf || t == at::kBFloat16) && kernel_head_dim(dqk) && kernel_head_dim(dv);

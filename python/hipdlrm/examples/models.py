@@ -45,7 +45,7 @@ class HstuConfig:
     num_items: int
     dim: int               # item embedding and residual stream width
     num_heads: int
-    head_dim: int          # per-head dim of q, k, v (32, 64, 128 or 256: hstu_mha's head dims)
+    head_dim: int          # per-head dim of q, k, v (16, 32, 64, 128 or 256: hstu_mha's head dims)
     num_layers: int
     max_seq_len: int
     attn_dtype: torch.dtype
