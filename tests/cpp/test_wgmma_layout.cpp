@@ -16,17 +16,17 @@ using hipdlrm::gpu::wgmma::swizzled_offset;
 namespace {
 
 constexpr int kLineBytes = 128;  // one line: 64 16-bit elements
-constexpr int kChunks = 16;      // 16-byte chunks of a 128-column (256-byte) row
 
-// A tile of `lines` rows and 128 columns: two 64-column blocks of `lines` lines each.
-void check_bijection(int lines) {
+// A tile of `lines` rows and 8 * `chunks` columns (the kernels' head dims 128 and 64: 16 or 8 16-byte chunks
+// per row), one or two 64-column blocks of `lines` lines each.
+void check_bijection(int lines, int chunks) {
   std::set<int> seen;
   for (int r = 0; r < lines; ++r) {
-    for (int c = 0; c < kChunks; ++c) {
+    for (int c = 0; c < chunks; ++c) {
       const int off = swizzled_offset(r, c, lines);
       EXPECT_EQ(off % 16, 0);
       EXPECT_GE(off, 0);
-      EXPECT_LT(off, lines * 2 * kLineBytes);
+      EXPECT_LT(off, lines * (chunks / 8) * kLineBytes);
       EXPECT_TRUE(seen.insert(off).second) << "line " << r << " chunk " << c << " collides";
       // 64-column block c / 8, line r inside it, and the atom's swizzle inside the line.
       EXPECT_EQ(off / (lines * kLineBytes), c / 8);
@@ -34,7 +34,7 @@ void check_bijection(int lines) {
       EXPECT_EQ(off % kLineBytes / 16, (c % 8) ^ (r % 8));
     }
   }
-  EXPECT_EQ(static_cast<int>(seen.size()), lines * kChunks);
+  EXPECT_EQ(static_cast<int>(seen.size()), lines * chunks);
 }
 
 // Shared memory has 32 four-byte banks; a warp's accesses conflict when two lanes hit the same bank at
@@ -56,19 +56,24 @@ int max_bank_ways(const std::vector<int>& byte_addresses, int access_bytes) {
 }  // namespace
 
 TEST(WgmmaLayout, SwizzleIsABijectionWithTheAtomPattern) {
-  for (int lines : {64, 128}) check_bijection(lines);  // q / dO tiles, k / v tiles
+  for (int chunks : {16, 8}) {
+    for (int lines : {64, 128}) check_bijection(lines, chunks);  // q / dO tiles, k / v tiles
+  }
 }
 
 TEST(WgmmaLayout, StagingWritesAreConflictFree) {
-  // stage_swizzled: thread c writes chunk c % 16 of line c / 16 (16 bytes); consecutive threads form a warp.
-  for (int lines : {64, 128}) {
-    for (int warp0 = 0; warp0 < lines * kChunks; warp0 += 32) {
-      std::vector<int> addr;
-      for (int lane = 0; lane < 32; ++lane) {
-        const int c = warp0 + lane;
-        addr.push_back(swizzled_offset(c / kChunks, c % kChunks, lines));
+  // stage_swizzled<kRows, kThreads, kD>: thread c writes chunk c % (kD / 8) of line c / (kD / 8) (16 bytes);
+  // consecutive threads form a warp.
+  for (int chunks : {16, 8}) {
+    for (int lines : {64, 128}) {
+      for (int warp0 = 0; warp0 < lines * chunks; warp0 += 32) {
+        std::vector<int> addr;
+        for (int lane = 0; lane < 32; ++lane) {
+          const int c = warp0 + lane;
+          addr.push_back(swizzled_offset(c / chunks, c % chunks, lines));
+        }
+        EXPECT_EQ(max_bank_ways(addr, 16), 1) << "head dim " << 8 * chunks << " lines " << lines << " warp at " << warp0;
       }
-      EXPECT_EQ(max_bank_ways(addr, 16), 1) << "lines " << lines << " warp at chunk " << warp0;
     }
   }
 }
