@@ -654,25 +654,28 @@ def test_gpu_head_dims(dim, dtype):
 @requires_gpu
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (4, 2), (8, 2)])
-def test_gpu_grouped_kv_heads(heads, kv_heads, dtype):
-    check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, heads=heads, kv_heads=kv_heads, dim=128,
+@pytest.mark.parametrize("dim", [64, 128])
+def test_gpu_grouped_kv_heads(dim, heads, kv_heads, dtype):
+    check_gpu_case(Case(q_lengths=GPU_Q_LENGTHS, kv_lengths=GPU_KV_LENGTHS, heads=heads, kv_heads=kv_heads, dim=dim,
                         activation="fast_gelu", dtype=dtype))
 
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
 @pytest.mark.parametrize("activation", ["gelu", "fast_gelu"])
-def test_gpu_dense_kv(activation, dtype):
+@pytest.mark.parametrize("dim", [64, 128])
+def test_gpu_dense_kv(dim, activation, dtype):
     """PFFN: every sample has max_seq_len_kv = 256 keys (the kernels' dense-KV path); queries ragged."""
-    check_gpu_case(Case(q_lengths=(256, 1, 0, 300, 129, 64), kv_lengths=(256,) * 6, dim=128, activation=activation,
+    check_gpu_case(Case(q_lengths=(256, 1, 0, 300, 129, 64), kv_lengths=(256,) * 6, dim=dim, activation=activation,
                         dtype=dtype))
 
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=str)
 @pytest.mark.parametrize("window", [None, 17])
-def test_gpu_broadcast_q(window, dtype):
-    check_gpu_case(Case(q_lengths=(150,), kv_lengths=(70, 0, 129, 257, 1), heads=4, kv_heads=1, dim=128,
+@pytest.mark.parametrize("dim", [64, 128])
+def test_gpu_broadcast_q(dim, window, dtype):
+    check_gpu_case(Case(q_lengths=(150,), kv_lengths=(70, 0, 129, 257, 1), heads=4, kv_heads=1, dim=dim,
                         activation="gelu", window=window, broadcast_q=True, dtype=dtype))
 
 
