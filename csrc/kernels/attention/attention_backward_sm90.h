@@ -18,7 +18,7 @@
 // on them. dRab as in the portable kernel. The dQ conversion kernel is the portable one.
 //
 // Used where the wgmma forward is (sm90_kernels_available: compute capability 9.0, an sm_90a build,
-// max(dqk, dv) <= 128; and LaunchOptions::wgmma), at the forward's width (sm90_forward_dim: 64 or 128
+// max(dqk, dv) <= 128; and LaunchOptions::wgmma), at the forward's width (sm90_tile_dim: 64 or 128
 // columns, those past dqk and dv staged as zeros); elsewhere an empty stub that is never launched.
 #pragma once
 
@@ -546,7 +546,7 @@ inline bool sm90_backward_is_lean(const AttentionProblem& p, bool hstu) {
 template <typename T, class V>
 gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, gpu::stream_t stream) {
   const bool lean = sm90_backward_is_lean(args.p, V::kHstu);
-  if (sm90_forward_dim(args.p) == 64) {
+  if (sm90_tile_dim(args.p) == 64) {
     return lean ? launch_attention_backward_sm90_variant<T, V, true, 64>(args, stream)
                 : launch_attention_backward_sm90_variant<T, V, false, 64>(args, stream);
   }

@@ -32,7 +32,7 @@ namespace attention {
 // Rows [row0, row0 + kRows) of a [*, row_stride] tensor (16-bit elements, `cols` valid columns, a multiple
 // of 8) into a swizzled [kRows][kD] tile (kD / 64 blocks of 64 columns); rows >= row_end and columns >= cols
 // are zero. `tid` in [0, kThreads): this thread's place among the kThreads that stage the tile.
-template <int kRows, int kThreads, int kD = 128, typename T>
+template <int kRows, int kThreads, int kD, typename T>
 HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
                                    std::int64_t row_stride, int cols, int tid) {
   static_assert(kD == 64 || kD == 128, "tiles of one or two 64-column blocks");
@@ -47,7 +47,7 @@ HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int6
                  ok);
   }
 }
-template <int kRows, int kThreads, int kD = 128, typename T>
+template <int kRows, int kThreads, int kD, typename T>
 HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
                                    std::int64_t row_stride, int cols) {
   stage_swizzled<kRows, kThreads, kD>(tile, base, row0, row_end, row_stride, cols, static_cast<int>(threadIdx.x));
@@ -382,7 +382,7 @@ __global__ void __launch_bounds__(384, 1)
 
 // Whether the wgmma kernels can serve this problem on the current device: an sm_90a build, a
 // compute-capability 9.0 device and a head dim (the larger of dqk and dv) up to 128, which both run at 64
-// or 128 columns (sm90_forward_dim), those past dqk and dv staged as zeros. Whether they may is the caller's
+// or 128 columns (sm90_tile_dim), those past dqk and dv staged as zeros. Whether they may is the caller's
 // choice (LaunchOptions::wgmma).
 inline bool sm90_kernels_available(const AttentionProblem& p) {
 #if defined(HIPDLRM_SM90A_KERNELS)
@@ -394,7 +394,8 @@ inline bool sm90_kernels_available(const AttentionProblem& p) {
   return false;
 #endif
 }
-inline int sm90_forward_dim(const AttentionProblem& p) { return (p.dqk > p.dv ? p.dqk : p.dv) <= 64 ? 64 : 128; }
+// The columns both wgmma kernels run a problem at: the narrowest tile width that holds max(dqk, dv).
+inline int sm90_tile_dim(const AttentionProblem& p) { return (p.dqk > p.dv ? p.dqk : p.dv) <= 64 ? 64 : 128; }
 
 template <typename T, class V, int kD>
 gpu::status_t launch_attention_forward_sm90_dim(const AttentionForwardArgs& args, gpu::stream_t stream) {
@@ -431,8 +432,8 @@ gpu::status_t launch_attention_forward_sm90_dim(const AttentionForwardArgs& args
 
 template <typename T, class V>
 gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  return sm90_forward_dim(args.p) == 64 ? launch_attention_forward_sm90_dim<T, V, 64>(args, stream)
-                                        : launch_attention_forward_sm90_dim<T, V, 128>(args, stream);
+  return sm90_tile_dim(args.p) == 64 ? launch_attention_forward_sm90_dim<T, V, 64>(args, stream)
+                                     : launch_attention_forward_sm90_dim<T, V, 128>(args, stream);
 }
 
 #endif  // HIPDLRM_PLATFORM_CUDA
