@@ -872,6 +872,7 @@ def main(argv=None) -> int:
         print(f"optimizers: {', '.join(args.optimizers)}")
 
     results: List[dict] = []
+    skipped: List[dict] = []
     vbe_bags: Dict[str, List[int]] = {}
     progress = Progress(len(configs) * len(args.optimizers) * len(args.alphas))
     for ci, config in enumerate(configs):
@@ -885,18 +886,31 @@ def main(argv=None) -> int:
         else:
             batches = {alpha: (make_batch(config, alpha, rows, seed, device),) for alpha in args.alphas}
         for optimizer in args.optimizers:
-            if args.vbe:
-                module = make_vbe_module(config, rows, device, hipdlrm.OptimType[optimizer or "EXACT_SGD"])
-            else:
-                module = make_module(config, rows, device, None if optimizer is None else hipdlrm.OptimType[optimizer])
+            module = None
             for alpha in args.alphas:
                 progress.step(f"{config.label} alpha={alpha:g}{'' if optimizer is None else ' ' + optimizer}")
-                wls = [attach(module, config, alpha, rows, batch) for batch in batches[alpha]]
-                if args.vbe:
-                    results += measure_vbe(*wls, args.pass_name, optimizer, device, iters, copy_gbs)
-                else:
-                    results += measure(wls[0], args.pass_name, optimizer, device, iters, copy_gbs)
-                del wls
+                try:
+                    if module is None:
+                        module = (make_vbe_module(config, rows, device, hipdlrm.OptimType[optimizer or "EXACT_SGD"])
+                                  if args.vbe else
+                                  make_module(config, rows, device,
+                                              None if optimizer is None else hipdlrm.OptimType[optimizer]))
+                    wls = [attach(module, config, alpha, rows, batch) for batch in batches[alpha]]
+                    if args.vbe:
+                        results += measure_vbe(*wls, args.pass_name, optimizer, device, iters, copy_gbs)
+                    else:
+                        results += measure(wls[0], args.pass_name, optimizer, device, iters, copy_gbs)
+                    del wls
+                except torch.cuda.OutOfMemoryError:
+                    # A smaller GPU (an 80 GB one) cannot hold some configuration with its plain anchor: say
+                    # so, go on, and mark the optimizer's targets incomplete.
+                    wls = None
+                    skipped.append({"config": config.label, "alpha": alpha, "optimizer": optimizer,
+                                    "reason": "out of GPU memory"})
+                    print(f"skipped {config.label} alpha={alpha:g}{'' if optimizer is None else ' ' + optimizer}: "
+                          "out of GPU memory", file=sys.stderr)
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
             del module
             if device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -918,6 +932,10 @@ def main(argv=None) -> int:
     targets: List[dict] = []
     for optimizer in args.optimizers:
         found = (evaluate_vbe_targets if args.vbe else evaluate_targets)(results, args.pass_name, optimizer)
+        missing = sum(1 for x in skipped if x["optimizer"] == optimizer)
+        if missing:
+            for t in found:
+                t["status"] = f"INCOMPLETE ({missing} skipped)"
         title = (f"{TBE}, {args.pass_name}{', VBE' if args.vbe else ''}{'' if optimizer is None else ', ' + optimizer}"
                  f"{', small sizes: not the issue targets' if small else ''}")
         print_targets(title, found)
@@ -938,6 +956,7 @@ def main(argv=None) -> int:
         "plain_optimizer_implementation": {r["optimizer"]: r["implementation"] for r in results
                                            if r["variant"] == PLAIN and r["implementation"] is not None},
         "targets": targets,
+        "skipped": skipped,
     }
     if args.pass_name != "forward":
         extra["optimizer_settings"] = {"learning_rate": LEARNING_RATE, "eps": EPS,
