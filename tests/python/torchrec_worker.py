@@ -7,6 +7,7 @@ compares: every step's outputs and losses for the whole global batch, and the tr
 their shards.
 """
 
+import gc
 import os
 import sys
 from typing import Dict, List
@@ -219,22 +220,19 @@ def vbe_local_slice(step, rank: int):
 
 
 def vbe_main(rank: int, world_size: int, port: int, out_path: str, sharding_types: List[str]) -> None:
-    _init(rank, world_size, port)
-    try:
-        data = make_vbe_data(world_size)
-        init_tables, init_dense = initial_state()
-        results = {}
-        for sharding_type in sharding_types:
-            for kernel in ("hipdlrm", "fbgemm"):
-                results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
-                                                               init_tables, init_dense, slicer=vbe_local_slice)
-        if rank == 0:
-            torch.save(results, out_path)
-        # Every rank done before any tears its process group down: a rank that left while gloo still served
-        # the other's last messages aborted it now and then ("terminate called without an active exception").
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    _in_group(rank, world_size, port, _vbe_body, out_path, sharding_types)
+
+
+def _vbe_body(rank: int, world_size: int, out_path: str, sharding_types: List[str]) -> None:
+    data = make_vbe_data(world_size)
+    init_tables, init_dense = initial_state()
+    results = {}
+    for sharding_type in sharding_types:
+        for kernel in ("hipdlrm", "fbgemm"):
+            results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
+                                                           init_tables, init_dense, slicer=vbe_local_slice)
+    if rank == 0:
+        torch.save(results, out_path)
 
 
 def load_tables(dmp, init_tables) -> None:
@@ -300,119 +298,126 @@ def resume_main(rank: int, world_size: int, port: int, out_path: str, ckpt_dir: 
     """Steps 0..STEPS/2-1 in a plain loop on hipdlrm's kernels, a torch.distributed.checkpoint of the model
     and its fused optimizer, a fresh DMP (other random tables) loaded from it, and the remaining steps through
     TrainPipelineSparseDist. Rank 0 writes the resumed steps' outputs and the final tables."""
+    _in_group(rank, world_size, port, _resume_body, out_path, ckpt_dir, sharding_type)
+
+
+def _resume_body(rank: int, world_size: int, out_path: str, ckpt_dir: str, sharding_type: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torchrec.datasets.utils import Batch
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    _init(rank, world_size, port)
-    try:
-        data = make_data(world_size)
-        init_tables, init_dense = initial_state()
-        half = STEPS // 2
-        first = build_dmp("hipdlrm", sharding_type, world_size, init_dense, with_loss=True)
-        load_tables(first, init_tables)
-        opt = dense_optimizer(first)
-        for step in data[:half]:
-            kjt, dense, labels = local_slice(step, rank)
-            opt.zero_grad()
-            first(Batch(dense_features=dense, sparse_features=kjt, labels=labels))[0].backward()
-            opt.step()
-        dcp.save({"model": first.state_dict(), "optim": first.fused_optimizer.state_dict()}, checkpoint_id=ckpt_dir)
+    data = make_data(world_size)
+    init_tables, init_dense = initial_state()
+    half = STEPS // 2
+    first = build_dmp("hipdlrm", sharding_type, world_size, init_dense, with_loss=True)
+    load_tables(first, init_tables)
+    opt = dense_optimizer(first)
+    for step in data[:half]:
+        kjt, dense, labels = local_slice(step, rank)
+        opt.zero_grad()
+        first(Batch(dense_features=dense, sparse_features=kjt, labels=labels))[0].backward()
+        opt.step()
+    dcp.save({"model": first.state_dict(), "optim": first.fused_optimizer.state_dict()}, checkpoint_id=ckpt_dir)
 
-        torch.manual_seed(1234 + rank)
-        resumed = build_dmp("hipdlrm", sharding_type, world_size, init_dense, with_loss=True)
-        state = {"model": resumed.state_dict(), "optim": resumed.fused_optimizer.state_dict()}
-        dcp.load(state, checkpoint_id=ckpt_dir)
-        resumed.load_state_dict(state["model"])
-        resumed.fused_optimizer.load_state_dict(state["optim"])
+    torch.manual_seed(1234 + rank)
+    resumed = build_dmp("hipdlrm", sharding_type, world_size, init_dense, with_loss=True)
+    state = {"model": resumed.state_dict(), "optim": resumed.fused_optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt_dir)
+    resumed.load_state_dict(state["model"])
+    resumed.fused_optimizer.load_state_dict(state["optim"])
 
-        pipeline = TrainPipelineSparseDist(resumed, dense_optimizer(resumed), torch.device("cpu"))
-        batches = []
-        for step in data[half:]:
-            kjt, dense, labels = local_slice(step, rank)
-            batches.append(Batch(dense_features=dense, sparse_features=kjt, labels=labels))
-        it = iter(batches)
-        outputs = []
-        while True:
-            try:
-                outputs.append(pipeline.progress(it))
-            except StopIteration:
-                break
-        gathered: List = [None] * world_size
-        dist.all_gather_object(gathered, outputs)
-        tables = gather_tables(resumed, world_size)
-        if rank == 0:
-            out_steps = [torch.cat([gathered[r][s] for r in range(world_size)]) for s in range(len(outputs))]
-            # The pipeline moved the sharded EBC's input distribution ahead (it falls back to a plain
-            # loop where it cannot trace the model).
-            pipelined = [type(m).__name__ for m in pipeline._pipelined_modules]
-            torch.save({"outputs": out_steps, "tables": tables, "pipelined": pipelined}, out_path)
-        # Every rank done before any tears its process group down: a rank that left while gloo still served
-        # the other's last messages aborted it now and then ("terminate called without an active exception").
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    pipeline = TrainPipelineSparseDist(resumed, dense_optimizer(resumed), torch.device("cpu"))
+    batches = []
+    for step in data[half:]:
+        kjt, dense, labels = local_slice(step, rank)
+        batches.append(Batch(dense_features=dense, sparse_features=kjt, labels=labels))
+    it = iter(batches)
+    outputs = []
+    while True:
+        try:
+            outputs.append(pipeline.progress(it))
+        except StopIteration:
+            break
+    gathered: List = [None] * world_size
+    dist.all_gather_object(gathered, outputs)
+    tables = gather_tables(resumed, world_size)
+    if rank == 0:
+        out_steps = [torch.cat([gathered[r][s] for r in range(world_size)]) for s in range(len(outputs))]
+        # The pipeline moved the sharded EBC's input distribution ahead (it falls back to a plain
+        # loop where it cannot trace the model).
+        pipelined = [type(m).__name__ for m in pipeline._pipelined_modules]
+        torch.save({"outputs": out_steps, "tables": tables, "pipelined": pipelined}, out_path)
 
 
 BAD_TABLE = "t0"  # table-wise, it lives on rank 0; the bad id comes from rank 1's batch
 
 
-def bad_input_main(rank: int, world_size: int, port: int, out_path: str, mode: str,
-                   sharding_type: str) -> None:
+def bad_input_main(rank: int, world_size: int, port: int, out_path: str, mode: str, sharding_type: str) -> None:
     """Rank 1's batch holds an id of BAD_TABLE beyond its rows. WARNING: rank 0 writes the outputs of that
     batch and of the same batch with the id replaced by the row the check repairs it to, and the kernels'
     warning counters. FATAL: the owning rank raises (the caller expects the spawn to fail)."""
+    _in_group(rank, world_size, port, _bad_input_body, out_path, mode, sharding_type)
+
+
+def _bad_input_body(rank: int, world_size: int, out_path: str, mode: str, sharding_type: str) -> None:
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
     from torchrec import KeyedJaggedTensor
 
+    params = dict(fused_params(), bounds_check_mode=getattr(BoundsCheckMode, mode))
+    dmp = build_dmp("hipdlrm", sharding_type, world_size, make_dense().state_dict(), params)
+    step = make_data(world_size)[0]
+    kjt, dense, _ = local_slice(step, rank)
+    rows = dict((name, r) for name, r, _ in TABLES)[BAD_TABLE]
+
+    def with_first_id(value: int):
+        feats = kjt.to_dict()
+        values, lengths = [], []
+        for name, _, _ in TABLES:
+            jt = feats["f_" + name]
+            v = jt.values().clone()
+            if name == BAD_TABLE and rank == 1:
+                v = torch.cat([torch.tensor([value]), v])
+                lens = jt.lengths().clone()
+                lens[0] += 1
+            else:
+                lens = jt.lengths()
+            values.append(v)
+            lengths.append(lens)
+        return KeyedJaggedTensor.from_lengths_sync(keys=kjt.keys(), values=torch.cat(values),
+                                                   lengths=torch.cat(lengths))
+
+    with torch.no_grad():
+        try:
+            bad = dmp(with_first_id(rows + 5), dense)
+        except Exception as exc:
+            # FATAL: the owning rank's error, for the test to read (the spawn reports whichever rank died
+            # first, and the other one dies too, of the broken collective).
+            with open(f"{out_path}.rank{rank}.err", "w") as f:
+                f.write(str(exc))
+            raise
+        # hipdlrm's counter holds the last forward's count.
+        warnings = sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp))
+        # The check sets a bad id to row 0 of the shard it reaches. Row-wise, FBGEMM's bucketization
+        # sends an id beyond the table (id >= block * world) to shard id % world.
+        shard_row0 = 0 if sharding_type == "table_wise" else \
+            ((rows + 5) % world_size) * ((rows + world_size - 1) // world_size)
+        repaired = dmp(with_first_id(shard_row0), dense)
+    warnings = (warnings, sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp)))
+    gathered: List = [None] * world_size
+    dist.all_gather_object(gathered, (bad, repaired, warnings))
+    if rank == 0:
+        torch.save(gathered, out_path)
+
+
+def _in_group(rank: int, world_size: int, port: int, body, *args) -> None:
+    """Runs body(rank, world_size, *args) in the gloo process group, then leaves it with the other ranks:
+    every object the body made (the sharded modules hold the group) collected first, then a barrier, then the
+    group destroyed. A rank that tore its end down while the other still used it, or while objects of the group
+    were alive, aborted now and then at exit ("terminate called without an active exception")."""
     _init(rank, world_size, port)
     try:
-        params = dict(fused_params(), bounds_check_mode=getattr(BoundsCheckMode, mode))
-        dmp = build_dmp("hipdlrm", sharding_type, world_size, make_dense().state_dict(), params)
-        step = make_data(world_size)[0]
-        kjt, dense, _ = local_slice(step, rank)
-        rows = dict((name, r) for name, r, _ in TABLES)[BAD_TABLE]
-
-        def with_first_id(value: int):
-            feats = kjt.to_dict()
-            values, lengths = [], []
-            for name, _, _ in TABLES:
-                jt = feats["f_" + name]
-                v = jt.values().clone()
-                if name == BAD_TABLE and rank == 1:
-                    v = torch.cat([torch.tensor([value]), v])
-                    lens = jt.lengths().clone()
-                    lens[0] += 1
-                else:
-                    lens = jt.lengths()
-                values.append(v)
-                lengths.append(lens)
-            return KeyedJaggedTensor.from_lengths_sync(keys=kjt.keys(), values=torch.cat(values),
-                                                       lengths=torch.cat(lengths))
-
-        with torch.no_grad():
-            try:
-                bad = dmp(with_first_id(rows + 5), dense)
-            except Exception as exc:
-                # FATAL: the owning rank's error, for the test to read (the spawn reports whichever rank died
-                # first, and the other one dies too, of the broken collective).
-                with open(f"{out_path}.rank{rank}.err", "w") as f:
-                    f.write(str(exc))
-                raise
-            # hipdlrm's counter holds the last forward's count.
-            warnings = sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp))
-            # The check sets a bad id to row 0 of the shard it reaches. Row-wise, FBGEMM's bucketization
-            # sends an id beyond the table (id >= block * world) to shard id % world.
-            shard_row0 = 0 if sharding_type == "table_wise" else \
-                ((rows + 5) % world_size) * ((rows + world_size - 1) // world_size)
-            repaired = dmp(with_first_id(shard_row0), dense)
-        warnings = (warnings, sum(int(k.emb_module.bounds_check_warning.sum()) for k in kernel_modules(dmp)))
-        gathered: List = [None] * world_size
-        dist.all_gather_object(gathered, (bad, repaired, warnings))
-        if rank == 0:
-            torch.save(gathered, out_path)
-        # Every rank done before any tears its process group down: a rank that left while gloo still served
-        # the other's last messages aborted it now and then ("terminate called without an active exception").
+        body(rank, world_size, *args)
+        gc.collect()
         dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -426,22 +431,19 @@ def _init(rank: int, world_size: int, port: int) -> None:
 
 
 def main(rank: int, world_size: int, port: int, out_path: str, sharding_types: List[str]) -> None:
-    _init(rank, world_size, port)
-    try:
-        data = make_data(world_size)
-        init_tables, init_dense = initial_state()
-        results = {}
-        for sharding_type in sharding_types:
-            for kernel in ("hipdlrm", "fbgemm"):
-                results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
-                                                               init_tables, init_dense)
-        if rank == 0:
-            torch.save(results, out_path)
-        # Every rank done before any tears its process group down: a rank that left while gloo still served
-        # the other's last messages aborted it now and then ("terminate called without an active exception").
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+    _in_group(rank, world_size, port, _body, out_path, sharding_types)
+
+
+def _body(rank: int, world_size: int, out_path: str, sharding_types: List[str]) -> None:
+    data = make_data(world_size)
+    init_tables, init_dense = initial_state()
+    results = {}
+    for sharding_type in sharding_types:
+        for kernel in ("hipdlrm", "fbgemm"):
+            results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
+                                                           init_tables, init_dense)
+    if rank == 0:
+        torch.save(results, out_path)
 
 
 if __name__ == "__main__":
