@@ -9,6 +9,7 @@ average of what each rank computes alone (an undistributed copy of the same mode
 """
 
 import copy
+import gc
 import resource
 import socket
 
@@ -90,7 +91,11 @@ def worker(rank: int, port: int, optimizer: int, out: dict) -> None:
                 p.grad = None
         result["averaged"] = averaged_ok
         out[rank] = result
-        dist.barrier()  # every rank done before any tears its process group down (torchrec_worker.py)
+        # Every rank done, and the objects that hold the group (DDP's reducer) collected, before any tears its
+        # process group down (torchrec_worker._in_group).
+        del ddp, alone
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 

@@ -9,6 +9,7 @@ Flag errors that need no TorchRec are tested in test_train.py.
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -86,7 +87,11 @@ def _worker(rank: int, world_size: int, port: int, shardings, out_path: str) -> 
                                  "kernels": sorted(_kernels(dmp))}
         if rank == 0:
             torch.save(results, out_path)
-        torch.distributed.barrier()  # every rank done before any tears its process group down (torchrec_worker.py)
+        # Every rank done, and the sharded model that holds the group collected, before any tears its process
+        # group down (torchrec_worker._in_group).
+        del result, dmp, plan
+        gc.collect()
+        torch.distributed.barrier()
     finally:
         torch.distributed.destroy_process_group()
 
