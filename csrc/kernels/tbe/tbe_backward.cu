@@ -914,6 +914,15 @@ HIPDLRM_DEVICE void load_row(const RowRef<W>& ref, std::int64_t col0, int left, 
   }
 }
 
+// The lane's vector of new weights at column col of the chunk at col0 (col < left), rounded and stored.
+template <typename W>
+HIPDLRM_DEVICE void store_weights_vector(const OptimizerArgs& o, const RowRef<W>& ref, std::int64_t col0, int col,
+                                         int left, const float (&next)[kVec], std::uint64_t row_state) {
+  W out[kVec];
+  round_vector<W>(next, o, row_state, col0 + col, out);
+  store_cols(ref.w + col0, col, left, ref.w_whole, out);
+}
+
 // The optimizer's update (update_element, tbe_optimizer.h) of the lane's k-th vector of the chunk at col0,
 // from its summed gradient g.
 template <typename W, int K, OptimType kOpt>
@@ -929,9 +938,7 @@ HIPDLRM_DEVICE void update_vector(const OptimizerArgs& o, const RowRef<W>& ref, 
   if constexpr (kStates >= 2) gpu::unpack_to_float(r.m2[k], vv);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) next[e] = update_element<kOpt>(o, wv[e], g_in[e], multiplier, mv[e], vv[e], factor);
-  W out[kVec];
-  round_vector<W>(next, o, row_state, col0 + col, out);
-  store_cols(ref.w + col0, col, left, ref.w_whole, out);
+  store_weights_vector<W>(o, ref, col0, col, left, next, row_state);
   if constexpr (kStates >= 1)
     store_state_cols<kOpt>(state_at<kOpt>(ref.m1, ref.m1_dtype, col0), ref.m1_dtype, col, left, ref.m_whole, mv);
   if constexpr (kStates >= 2)
@@ -1046,6 +1053,10 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
         row_gradient<W, K, kOpt, kPrefetch>(p, w, c, lo, hi, D, col0, acc);
         if constexpr (Traits::kRowSums > 0) {
           if (pass == 0) {
+            // A direction step on a row held whole keeps each element's direction in acc and stores its
+            // updated states now (step_along finishes the weights below); a wider row's second pass
+            // computes them again from the states as they were.
+            constexpr bool kAlong = steps_along_direction(kOpt);
 #pragma unroll
             for (int k = 0; k < K; ++k) {
               const int col = lane_col(lane, k);
@@ -1056,7 +1067,18 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
 #pragma unroll
               for (int e = 0; e < kVec; ++e) {
                 if (col + e >= left) continue;
-                add_row_sums<kOpt>(o, wv[e], acc[k][e], mv[e], vv[e], sums);
+                const float direction = add_row_sums<kOpt>(o, wv[e], acc[k][e], mv[e], vv[e], sums);
+                if constexpr (kAlong) acc[k][e] = direction;
+              }
+              if constexpr (kAlong) {
+                if (single && col < left) {
+                  if constexpr (Traits::kElementStates >= 1)
+                    store_state_cols<kOpt>(state_at<kOpt>(ref.m1, ref.m1_dtype, col0), ref.m1_dtype, col, left,
+                                           ref.m_whole, mv);
+                  if constexpr (Traits::kElementStates >= 2)
+                    store_state_cols<kOpt>(state_at<kOpt>(ref.m2, ref.m2_dtype, col0), ref.m2_dtype, col, left,
+                                           ref.m_whole, vv);
+                }
               }
             }
             if (col0 + kChunk < D) continue;  // the rest of the row first (this pass only measures)
@@ -1068,6 +1090,19 @@ HIPDLRM_DEVICE void apply_segment(const SegmentProblem& p, const Workspace& w, L
               if (lane == 0) store_row_state<kOpt>(row_states, row_states_dtype, key, state);
             }
             if (!single) continue;  // the second pass sums each chunk again and updates it
+            if constexpr (kAlong) {
+#pragma unroll
+              for (int k = 0; k < K; ++k) {
+                const int col = lane_col(lane, k);
+                if (col >= left) continue;
+                float wv[kVec], next[kVec];
+                gpu::unpack_to_float(r.w[k], wv);
+#pragma unroll
+                for (int e = 0; e < kVec; ++e) next[e] = step_along<kOpt>(o, wv[e], acc[k][e], multiplier, factor);
+                store_weights_vector<W>(o, ref, col0, col, left, next, row_state);
+              }
+              continue;
+            }
           }
         }
 #pragma unroll

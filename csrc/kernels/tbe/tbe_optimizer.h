@@ -6,7 +6,8 @@
 //
 // Adding an optimizer: its code in OptimType (tbe_types.h) and Python's OptimType, its state in
 // OptimizerTraits, its update in update_element (and its terms in add_row_sums, its row step in
-// row_multiplier and any second row factor in row_factor if it needs sums over the row), its state checks in
+// row_multiplier, any second row factor in row_factor and, for a direction step, step_along, if it needs sums
+// over the row), its state checks in
 // check_optimizer_arguments, and a case in the CPU and GPU dispatch switches.
 #pragma once
 
@@ -133,16 +134,26 @@ HIPDLRM_HOST_DEVICE float partial_lamb_factor(const OptimizerArgs& o, float stat
   return 1.0f / (sqrtf(state / o.bias_correction2) + o.eps);
 }
 
+// Whether the optimizer's step is a direction per element at the row's multiplier (LAMB and partial
+// row-wise LAMB): add_row_sums then returns the element's direction and its updated states, and step_along
+// finishes the element from them, so a row held whole needs the direction computed once
+// (update_element computes it again, for a row updated in a second pass).
+HIPDLRM_HOST_DEVICE constexpr bool steps_along_direction(OptimType t) {
+  return t == OptimType::kLamb || t == OptimType::kPartialRowwiseLamb;
+}
+
 // Adds one element's terms to the row's sums (w: its weight before the update, g: its summed gradient, m1
-// and m2: its states before the update, left unchanged). Row-wise Adagrad and partial row-wise Adam: the
-// squared gradient (L2 decay included). LARS: the squared weight and the squared gradient (decay
-// excluded: it enters the trust ratio through the weight's norm). LAMB: the squared weight and the squared
-// direction (lamb_direction). Partial row-wise LAMB: the squared gradient (L2 decay included), the squared
-// weight, and the squared bias-corrected first moment a and a * w (partial_lamb_moment), from which
-// row_multiplier forms the norm of the direction h * a + wd * w once the row's factor h is known.
+// and m2: its states before the update). Row-wise Adagrad and partial row-wise Adam: the squared gradient
+// (L2 decay included). LARS: the squared weight and the squared gradient (decay excluded: it enters the
+// trust ratio through the weight's norm). LAMB: the squared weight and the squared direction
+// (lamb_direction). Partial row-wise LAMB: the squared gradient (L2 decay included), the squared weight,
+// and the squared bias-corrected first moment a and a * w (partial_lamb_moment), from which row_multiplier
+// forms the norm of the direction h * a + wd * w once the row's factor h is known. With
+// steps_along_direction, returns the element's direction (LAMB's r, partial row-wise LAMB's a) and sets m1
+// and m2 to the updated states, as update_element would; the others return 0 and leave them unchanged.
 template <OptimType kOpt>
-HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, float m1, float m2,
-                                      float (&sums)[kMaxRowSums]) {
+HIPDLRM_HOST_DEVICE float add_row_sums(const OptimizerArgs& o, float w, float g, float& m1, float& m2,
+                                       float (&sums)[kMaxRowSums]) {
   static_assert(OptimizerTraits<kOpt>::kRowSums > 0, "an optimizer with row sums");
   if constexpr (kOpt == OptimType::kPartialRowwiseLamb) {
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
@@ -151,10 +162,12 @@ HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, 
     sums[1] = fmaf(w, w, sums[1]);
     sums[2] = fmaf(a, a, sums[2]);
     sums[3] = fmaf(a, w, sums[3]);
+    return a;
   } else if constexpr (kOpt == OptimType::kLamb) {
     const float r = lamb_direction(o, w, g, m1, m2);
     sums[0] = fmaf(w, w, sums[0]);
     sums[1] = fmaf(r, r, sums[1]);
+    return r;
   } else if constexpr (kOpt == OptimType::kLarsSgd) {
     sums[0] = fmaf(w, w, sums[0]);
     sums[1] = fmaf(g, g, sums[1]);
@@ -162,6 +175,7 @@ HIPDLRM_HOST_DEVICE void add_row_sums(const OptimizerArgs& o, float w, float g, 
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
     sums[0] = fmaf(g, g, sums[0]);
   }
+  return 0.0f;
 }
 
 // The row's multiplier from its sums over D columns; `state` is the row's state (read and updated).
@@ -219,6 +233,20 @@ HIPDLRM_HOST_DEVICE float row_factor(const OptimizerArgs& o, float state) {
   return 1.0f;
 }
 
+// The new value of weight w from its direction (add_row_sums' return) at the row's multiplier
+// (row_multiplier) and factor (row_factor): LAMB's w - multiplier * r; partial row-wise LAMB's
+// w - multiplier * (h * a + wd * w), wd the DECOUPLED decay.
+template <OptimType kOpt>
+HIPDLRM_HOST_DEVICE float step_along(const OptimizerArgs& o, float w, float direction, float multiplier,
+                                     float factor) {
+  static_assert(steps_along_direction(kOpt), "an optimizer whose step is a direction");
+  if constexpr (kOpt == OptimType::kPartialRowwiseLamb) {
+    direction *= factor;
+    if (o.weight_decay_mode == WeightDecayMode::kDecoupled) direction = fmaf(o.weight_decay, w, direction);
+  }
+  return w - multiplier * direction;
+}
+
 // FBGEMM's max_norm (EXACT_ROWWISE_ADAGRAD, o.max_norm > 0): after the update, a row whose L2 norm, from the
 // sum of the squares of its weights as stored, exceeds max_norm is scaled by the factor returned, max_norm /
 // norm (no epsilon: the norm is > max_norm > 0 there); 1 for a row within the bound.
@@ -259,13 +287,11 @@ HIPDLRM_HOST_DEVICE float update_element(const OptimizerArgs& o, float w, float 
     return next;
   } else if constexpr (kOpt == OptimType::kLamb) {
     // The direction at the row's trust-ratio step (multiplier).
-    return w - multiplier * lamb_direction(o, w, g, m1, m2);
+    return step_along<kOpt>(o, w, lamb_direction(o, w, g, m1, m2), multiplier, factor);
   } else if constexpr (kOpt == OptimType::kPartialRowwiseLamb) {
     // The direction h * a (+ wd * w with DECOUPLED) at the row's trust-ratio step (multiplier), h = factor.
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);
-    float r = partial_lamb_moment(o, g, m1) * factor;
-    if (o.weight_decay_mode == WeightDecayMode::kDecoupled) r = fmaf(o.weight_decay, w, r);
-    return w - multiplier * r;
+    return step_along<kOpt>(o, w, partial_lamb_moment(o, g, m1), multiplier, factor);
   } else if constexpr (kOpt == OptimType::kLarsSgd) {
     // Momentum SGD at the row's LARS learning rate (multiplier), on the L2-decayed gradient.
     if (o.weight_decay_mode == WeightDecayMode::kL2) g = fmaf(o.weight_decay, w, g);

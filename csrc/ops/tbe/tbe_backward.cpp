@@ -173,8 +173,8 @@ void apply_row(const OptimizerArgs& o, W* row, std::int64_t D, std::int64_t row_
   if constexpr (Traits::kRowSums > 0) {
     float sums[ktbe::kMaxRowSums] = {};
     for (std::int64_t d = 0; d < D; ++d) {
-      const float m1 = kStates >= 1 ? momentum1[row_offset + d] : 0.0f;
-      const float m2 = kStates >= 2 ? momentum2[row_offset + d] : 0.0f;
+      float m1 = kStates >= 1 ? momentum1[row_offset + d] : 0.0f;  // copies: the states change below
+      float m2 = kStates >= 2 ? momentum2[row_offset + d] : 0.0f;
       ktbe::add_row_sums<kOpt>(o, static_cast<float>(row[d]), g[d], m1, m2, sums);
     }
     float no_row_state = 0.0f;
