@@ -177,3 +177,62 @@ TEST(TbeRounding, GroupsOfAStepGetDistinctBits) {
       EXPECT_TRUE(seen.insert(ktbe::rounding_group_bits(ktbe::rounding_row_state_from(step_state, row), q)).second)
           << row << " " << q;
 }
+
+// LAMB's and partial row-wise LAMB's row held whole (the GPU apply kernel's single-chunk path) keep the
+// direction that add_row_sums returns and finish with step_along; a row updated in a second pass calls
+// update_element, which computes it again. Both must give the same bits, for the weight and the states, under
+// every weight-decay mode; the other row-sum optimizers' add_row_sums leaves the states alone.
+TEST(TbeOptimizer, DirectionStepMatchesUpdateElement) {
+  namespace ktbe = hipdlrm::kernels::tbe;
+  using ktbe::OptimType;
+  using ktbe::WeightDecayMode;
+  std::uint64_t seed = 1;
+  auto uniform = [&seed](float lo, float hi) {
+    seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * static_cast<float>(seed >> 40) / static_cast<float>(1ull << 24);
+  };
+  for (WeightDecayMode mode : {WeightDecayMode::kNone, WeightDecayMode::kL2, WeightDecayMode::kDecoupled}) {
+    ktbe::OptimizerArgs o;
+    o.weight_decay_mode = mode;
+    o.learning_rate = 0.01f;
+    o.eps = 1e-8f;
+    o.beta1 = 0.9f;
+    o.beta2 = 0.999f;
+    o.weight_decay = 0.05f;
+    o.bias_correction1 = 1.0f - 0.9f * 0.9f * 0.9f;
+    o.bias_correction2 = 1.0f - 0.999f * 0.999f * 0.999f;
+    for (int i = 0; i < 2000; ++i) {
+      const float w = uniform(-1.0f, 1.0f), g = uniform(-2.0f, 2.0f), m1 = uniform(-0.5f, 0.5f),
+                  m2 = uniform(1e-6f, 0.5f), multiplier = uniform(0.0f, 0.1f), factor = uniform(0.5f, 4.0f);
+      float sums[ktbe::kMaxRowSums] = {};
+      {
+        float a1 = m1, a2 = m2, b1 = m1, b2 = m2;
+        const float direction = ktbe::add_row_sums<OptimType::kLamb>(o, w, g, a1, a2, sums);
+        const float along = ktbe::step_along<OptimType::kLamb>(o, w, direction, multiplier, factor);
+        const float updated = ktbe::update_element<OptimType::kLamb>(o, w, g, multiplier, b1, b2, factor);
+        EXPECT_EQ(std::memcmp(&along, &updated, sizeof(float)), 0) << "LAMB " << i << ": " << along << " " << updated;
+        EXPECT_EQ(a1, b1);
+        EXPECT_EQ(a2, b2);
+      }
+      {
+        float a1 = m1, a2 = m2, b1 = m1, b2 = m2;
+        const float direction = ktbe::add_row_sums<OptimType::kPartialRowwiseLamb>(o, w, g, a1, a2, sums);
+        const float along = ktbe::step_along<OptimType::kPartialRowwiseLamb>(o, w, direction, multiplier, factor);
+        const float updated =
+            ktbe::update_element<OptimType::kPartialRowwiseLamb>(o, w, g, multiplier, b1, b2, factor);
+        EXPECT_EQ(std::memcmp(&along, &updated, sizeof(float)), 0)
+            << "PARTIAL_ROWWISE_LAMB " << i << ": " << along << " " << updated;
+        EXPECT_EQ(a1, b1);
+      }
+      for (int which = 0; which < 3; ++which) {
+        float a1 = m1, a2 = m2;
+        const float r = which == 0   ? ktbe::add_row_sums<OptimType::kExactRowwiseAdagrad>(o, w, g, a1, a2, sums)
+                        : which == 1 ? ktbe::add_row_sums<OptimType::kPartialRowwiseAdam>(o, w, g, a1, a2, sums)
+                                     : ktbe::add_row_sums<OptimType::kLarsSgd>(o, w, g, a1, a2, sums);
+        EXPECT_EQ(r, 0.0f);
+        EXPECT_EQ(a1, m1);
+        EXPECT_EQ(a2, m2);
+      }
+    }
+  }
+}
