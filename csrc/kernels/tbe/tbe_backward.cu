@@ -82,7 +82,7 @@ constexpr int kSegmentBlock = 128;
 // registers, 24 warps), 5 (96, 20 warps), 4 (128, 16 warps) or 3 (168, 12 warps). The apply kernel is bound by
 // the latency of its per-segment work (its loads wait on the segment's bounds and lookups), so more warps beat
 // more loads in flight per warp, and a few spilled registers (Adam's, partial row-wise Adam's and the LAMBs'
-// builds spill 36-92 bytes in 96) cost less than four warps fewer (docs/tbe.md, "Backward"). With at most 2
+// builds spill 44-68 bytes in 96) cost less than four warps fewer (docs/tbe.md, "Backward"). With at most 2
 // vectors per lane: 80 registers without element state (96 for row-wise Adagrad's fp32 and prefetching builds,
 // which spill in 80), 96 with element state (128 for the prefetching builds that hold more than Adagrad's one
 // state). Only the 4-vector build can meet a row wider than one chunk (vectors_per_lane sizes K from the
