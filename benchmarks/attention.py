@@ -21,7 +21,12 @@ FLOPs, counted as generative-recommenders counts them, over the jagged lengths n
   f1 = 2 H Dqk sum(n^2) / 2   (Q K^T, causal half)      f2 = 2 H Dv sum(n^2) / 2   (P V)
   forward = f1 + f2           backward = 3 f1 + 2 f2
 "TFLOP/s" divides these by the measured time for every variant, so ratios between variants are time
-ratios. The padded variants do more work than that (B N^2 instead of sum(n^2)); "padded TFLOP/s" counts
+ratios. "% copy": the bytes that any kernel must move for the jagged batch (forward: q, k, v read and out
+written, 4 L H D elements; backward: q, k, v, grad_out read and grad_q, grad_k, grad_v written, 7 L H D)
+per second, against the device-to-device copy bandwidth measured at the start of the same run
+(common.copy_bandwidth_gbs). "bound", for the sparsity rows: the most their "x s=1" can be, the batch's
+FLOPs done in the time its minimal bytes take at that copy bandwidth; a sparsity target above it asks for
+more than the copy bandwidth, and its FAIL line says so. The padded variants do more work than that (B N^2 instead of sum(n^2)); "padded TFLOP/s" counts
 their own work (B N^2 in the formulas above): that is SDPA's achieved rate (470-600 TFLOP/s forward on
 an H200 at these shapes, per the issue).
 
@@ -75,7 +80,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from common import Progress, print_table, print_targets, resolve_device, time_fn, finish_run
+from common import Progress, copy_bandwidth_gbs, print_table, print_targets, resolve_device, time_fn, finish_run
 
 try:
     import hipdlrm  # noqa: F401  (registers torch.ops.hipdlrm)
@@ -100,6 +105,9 @@ TARGET_LONGER_N = [2048, 4096]
 FULL_SPARSITY = 0.95  # at or above: the default lengths, uniform in [0.9 N, N)
 # Jagged batches: TFLOP/s over the real lengths against the s = 1.0 figure at the same N and D (issue 31).
 SPARSITY_TARGETS = {0.5: 0.8, 0.2: 0.6, 0.05: 0.3}
+# [L, H, D] tensors of the input dtype that a forward / backward must read or write at the least: q, k, v
+# read and out written; q, k, v, grad_out read and grad_q, grad_k, grad_v written.
+MIN_BYTES_ROWS = (4, 7)
 # Issue 31: hipdlrm's time against causal SDPA's on the padded batch (SDPA ms / hipdlrm ms) at sparsity 1.0,
 # bf16, every N, forward and backward, by head dim; GDPA's against non-causal SDPA (GDPA_SDPA_TARGETS).
 SDPA_TARGETS = {64: 1.0, 128: 1.0, 32: 0.8, 256: 0.8}
@@ -133,6 +141,11 @@ class Workload:
         f1 = 2 * self.heads * self.dim * sq / 2
         f2 = 2 * self.heads * self.dim * sq / 2
         return f1 + f2, 3 * f1 + 2 * f2
+
+    def min_bytes(self) -> Tuple[int, int]:
+        """(forward, backward) bytes that any kernel must move over the jagged rows L (MIN_BYTES_ROWS)."""
+        unit = sum(self.lengths) * self.heads * self.dim * torch.empty((), dtype=self.dtype).element_size()
+        return MIN_BYTES_ROWS[0] * unit, MIN_BYTES_ROWS[1] * unit
 
 
 def jagged_lengths(batch: int, n_max: int, sparsity: float, gen: torch.Generator) -> List[int]:
@@ -295,10 +308,13 @@ def variant_builders(baselines: bool) -> Dict[str, Callable[[Workload, torch.dev
     return builders
 
 
-def measure(wl: Workload, builders, device, warmup: int, iters: int, progress: Progress) -> List[dict]:
+def measure(wl: Workload, builders, device, warmup: int, iters: int, progress: Progress,
+            copy_gbs: float) -> List[dict]:
     """Builds one variant at a time (its inputs and retained autograd graph), times its forward and
-    backward, and frees it before the next."""
+    backward, and frees it before the next. pct_copy: the jagged batch's minimal bytes (Workload.min_bytes)
+    per second, against the copy bandwidth measured at the start of the run."""
     flops = {False: wl.flops(), True: wl.flops(padded=True)}
+    min_bytes = wl.min_bytes()
     rows = []
     for name, build in builders.items():
         base = {"dim": wl.dim, "seq_len": wl.n_max, "sparsity": wl.sparsity, "variant": name, "batch": wl.batch,
@@ -326,7 +342,9 @@ def measure(wl: Workload, builders, device, warmup: int, iters: int, progress: P
             sec = t["median_ms"] * 1e-3
             rows.append({**row, "ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
                          "tflops": flops[False][d] / sec / 1e12,
-                         "tflops_padded": flops[True][d] / sec / 1e12 if name != HIP else None})
+                         "tflops_padded": flops[True][d] / sec / 1e12 if name != HIP else None,
+                         "min_bytes": min_bytes[d], "pct_copy": 100.0 * min_bytes[d] / sec / 1e9 / copy_gbs,
+                         "copy_floor_ms": min_bytes[d] / (copy_gbs * 1e9) * 1e3})
         del fns
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -384,13 +402,16 @@ def sdpa_targets(rows: List[dict], goals: Dict[int, float], anchor: str, key=("s
 
 
 def add_sparsity_ratios(rows: List[dict]) -> None:
-    """"x s=1": a row's TFLOP/s over the same variant's at sparsity 1.0, same N, D and direction."""
+    """"x s=1": a row's TFLOP/s over the same variant's at sparsity 1.0, same N, D and direction; "bound":
+    the most that ratio can be for this batch, its FLOPs done in the time that moving its minimal bytes takes
+    at the copy bandwidth (copy_floor_ms), over the same s = 1.0 figure."""
     full = {(r["variant"], r["direction"], r["dim"], r["seq_len"]): r["tflops"] for r in rows
             if r["sparsity"] >= FULL_SPARSITY and "tflops" in r}
     for r in rows:
         f = full.get((r["variant"], r["direction"], r["dim"], r["seq_len"]))
         if "tflops" in r and f:
             r["of_full"] = r["tflops"] / f
+            r["of_full_bound"] = r["tflops"] * r["ms"] / r["copy_floor_ms"] / f
 
 
 def sparsity_targets(rows: List[dict]) -> List[dict]:
@@ -399,10 +420,12 @@ def sparsity_targets(rows: List[dict]) -> List[dict]:
         goal = SPARSITY_TARGETS.get(r["sparsity"])
         if r["variant"] != HIP or goal is None:
             continue
-        v = r.get("of_full")
+        v, bound = r.get("of_full"), r.get("of_full_bound")
+        # A goal above the bound asks for more than the copy bandwidth: said next to the FAIL.
+        beyond = f" (copy-bandwidth bound {bound:.2f})" if bound is not None and bound < goal else ""
         targets.append({"target": f"{r['direction']} TFLOP/s at sparsity {r['sparsity']:g} / at 1.0, N={r['seq_len']}, "
-                                  f"D={r['dim']}", "value": v, "goal": f">= {goal:g}",
-                        "status": "n/a" if v is None else ("PASS" if v >= goal else "FAIL")})
+                                  f"D={r['dim']}", "value": v, "goal": f">= {goal:g}", "bound": bound,
+                        "status": "n/a" if v is None else ("PASS" if v >= goal else "FAIL" + beyond)})
     return targets
 
 
@@ -850,6 +873,8 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
     print(f"device: {device}  B={cfg['batch']} H={cfg['heads']} D={cfg['head_dims']} N={cfg['seq_lens']} "
           f"sparsity={sparsities} {args.dtype}, causal, lengths uniform in [0.9 N, N) at sparsity 1.0, "
           f"exponential below (--help); {iters} iters after {warmup} warm-up")
+    copy_gbs = copy_bandwidth_gbs(device)
+    print(f"copy bandwidth anchor: {copy_gbs:.1f} GB/s (dst.copy_(src), read + write)")
     per_case = 2 * (int(HIPDLRM_ERROR is None) + (0 if args.no_baselines else 2))
     progress = Progress(per_case * len(cfg["head_dims"]) * len(cfg["seq_lens"]) * len(sparsities))
     rows: List[dict] = []
@@ -859,19 +884,24 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
                 wl = make_workload(cfg["batch"], cfg["heads"], dim, n_max, dtype, device, args.seed, sparsity)
                 if HIPDLRM_ERROR is None:
                     verify(wl, device)
-                rows += measure(wl, variant_builders(not args.no_baselines), device, warmup, iters, progress)
+                rows += measure(wl, variant_builders(not args.no_baselines), device, warmup, iters, progress,
+                                copy_gbs)
                 del wl
     add_sparsity_ratios(rows)
 
     columns = [("dim", "D"), ("seq_len", "N"), ("sparsity", "s", "g"), ("batch", "B"), ("mean_len", "mean n", ".0f"),
                ("direction", "dir"), ("variant", "variant"), ("ms", "ms", ".3f"),
                ("tflops", "TFLOP/s", ".4g"), ("tflops_padded", "padded TFLOP/s", ".4g"),
-               ("hipdlrm_speedup", "hipdlrm x", ".2f"), ("of_full", "x s=1", ".2f"), ("skipped", "skipped")]
+               ("hipdlrm_speedup", "hipdlrm x", ".2f"), ("pct_copy", "% copy", ".1f"), ("of_full", "x s=1", ".2f"),
+               ("of_full_bound", "bound", ".2f"), ("skipped", "skipped")]
     print()
     print_table(rows, columns)
     print("\nTFLOP/s: generative-recommenders' FLOPs over the jagged lengths / time (all variants); padded "
           "TFLOP/s: the padded variants' own work (B N^2) / time; hipdlrm x: this variant's time / hipdlrm's; "
-          "x s=1: TFLOP/s over the same variant's at sparsity 1.0 (same N, D, direction).")
+          "% copy: the jagged batch's minimal bytes (forward: q, k, v read and out written; backward: q, k, v, "
+          "grad_out read and the three gradients written) per second, against the copy bandwidth; "
+          "x s=1: TFLOP/s over the same variant's at sparsity 1.0 (same N, D, direction); bound: the most x s=1 "
+          "can be, the batch's FLOPs in the time its minimal bytes take at the copy bandwidth.")
 
     targets = evaluate_targets(rows)
     note = "" if issue_workload and not small else ", not the issue's workload: not the issue targets"
@@ -882,6 +912,7 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
         "flops": "f1 = 2 H Dqk sum(n^2)/2, f2 = 2 H Dv sum(n^2)/2; forward f1 + f2, backward 3 f1 + 2 f2",
         "targets": targets,
         "hipdlrm_error": HIPDLRM_ERROR,
+        "copy_bandwidth_gbs": copy_gbs,
     }
     return finish_run("attention", rows, extra, device=device, out=args.out,
                       not_timed=HIPDLRM_ERROR)
