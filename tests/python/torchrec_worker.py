@@ -224,15 +224,7 @@ def vbe_main(rank: int, world_size: int, port: int, out_path: str, sharding_type
 
 
 def _vbe_body(rank: int, world_size: int, out_path: str, sharding_types: List[str]) -> None:
-    data = make_vbe_data(world_size)
-    init_tables, init_dense = initial_state()
-    results = {}
-    for sharding_type in sharding_types:
-        for kernel in ("hipdlrm", "fbgemm"):
-            results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
-                                                           init_tables, init_dense, slicer=vbe_local_slice)
-    if rank == 0:
-        torch.save(results, out_path)
+    _compare_kernels(rank, world_size, out_path, sharding_types, make_vbe_data(world_size), vbe_local_slice)
 
 
 def load_tables(dmp, init_tables) -> None:
@@ -435,13 +427,18 @@ def main(rank: int, world_size: int, port: int, out_path: str, sharding_types: L
 
 
 def _body(rank: int, world_size: int, out_path: str, sharding_types: List[str]) -> None:
-    data = make_data(world_size)
+    _compare_kernels(rank, world_size, out_path, sharding_types, make_data(world_size), local_slice)
+
+
+def _compare_kernels(rank: int, world_size: int, out_path: str, sharding_types: List[str], data, slicer) -> None:
+    """Trains hipdlrm's and FBGEMM's sharded kernels on `data` from the same initial state, each sharding type;
+    rank 0 saves the results."""
     init_tables, init_dense = initial_state()
     results = {}
     for sharding_type in sharding_types:
         for kernel in ("hipdlrm", "fbgemm"):
             results[(sharding_type, kernel)] = run_sharded(kernel, sharding_type, rank, world_size, data,
-                                                           init_tables, init_dense)
+                                                           init_tables, init_dense, slicer=slicer)
     if rank == 0:
         torch.save(results, out_path)
 
