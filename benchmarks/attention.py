@@ -26,9 +26,9 @@ written, 4 L H D elements; backward: q, k, v, grad_out read and grad_q, grad_k, 
 per second, against the device-to-device copy bandwidth measured at the start of the same run
 (common.copy_bandwidth_gbs). "bound", for the sparsity rows: the most their "x s=1" can be, the batch's
 FLOPs done in the time its minimal bytes take at that copy bandwidth; a sparsity target above it asks for
-more than the copy bandwidth, and its FAIL line says so. The padded variants do more work than that (B N^2 instead of sum(n^2)); "padded TFLOP/s" counts
-their own work (B N^2 in the formulas above): that is SDPA's achieved rate (470-600 TFLOP/s forward on
-an H200 at these shapes, per the issue).
+more than the copy bandwidth, and its FAIL line says so. The padded variants do more work than that
+(B N^2 instead of sum(n^2)); "padded TFLOP/s" counts their own work (B N^2 in the formulas above): that
+is SDPA's achieved rate (470-600 TFLOP/s forward on an H200 at these shapes, per the issue).
 
 Variants
   hipdlrm   torch.ops.hipdlrm.hstu_mha_fwd; backward: torch.autograd.grad through it (hstu_mha_bwd)
