@@ -4,8 +4,10 @@
 // sequence ends included. A tile_any that wrongly answers "no" would silently drop attention terms.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "kernels/attention/attention_mask.h"
@@ -13,7 +15,13 @@
 namespace {
 
 using hipdlrm::kernels::attention::HstuMask;
+using hipdlrm::kernels::attention::PackSample;
 using hipdlrm::kernels::attention::WindowMask;
+using hipdlrm::kernels::attention::pack_chunk;
+using hipdlrm::kernels::attention::pack_class;
+using hipdlrm::kernels::attention::pack_samples;
+using hipdlrm::kernels::attention::packed_seq_end;
+using hipdlrm::kernels::attention::packed_seq_first;
 
 // Every tile [i0, i1) x [j0, j1) with corners on 0..limit and sizes in `sizes`; `check` gets the tile and
 // whether some / every element inside both sequences (i < nq, j < nkv) is valid.
@@ -181,6 +189,194 @@ TEST(AttentionMask, WindowMatchesDefinitionAndTilesAreExact) {
     for (int j0 = 0; j0 < nkv; ++j0)
       for (int i = 0; i < m.first_query(j0) && i < nq; ++i)
         for (int j = j0; j < nkv; ++j) EXPECT_FALSE(m.valid(i, j));
+  }
+}
+
+
+// ---- packed tiles -------------------------------------------------------------------------------------
+// A batch described as the schedule sees it: raw offsets, and each sample's blocks of R rows after the
+// kernels' clamps (max length, the rows of the tensor).
+struct PackBatch {
+  std::vector<std::int64_t> offsets;
+  std::int64_t rows = 0;  // rows of the tensor (offsets past it are clamped)
+  int max_len = 0;
+  int tile = 0;
+
+  PackSample sample(int b) const {
+    PackSample s;
+    s.n = offsets[b + 1] - offsets[b];
+    const std::int64_t a = std::min(std::max<std::int64_t>(offsets[b], 0), rows);
+    const std::int64_t e = std::min(std::max<std::int64_t>(offsets[b + 1], a), rows);
+    const std::int64_t bounded = std::min<std::int64_t>(e - a, max_len);
+    s.blocks = static_cast<int>((bounded + tile - 1) / tile);
+    s.packable = offsets[b] >= 0 && s.n >= 0 && offsets[b + 1] <= rows && s.n <= tile && s.n <= max_len;
+    return s;
+  }
+};
+
+// Lengths mostly short, some empty, some long, some past max_len; now and then an offset that breaks the
+// order (invalid offsets: the packing must still list only what it can compute).
+PackBatch random_batch(std::mt19937& rng, int batch, int tile, bool invalid) {
+  PackBatch pb;
+  pb.tile = tile;
+  pb.max_len = std::uniform_int_distribution<int>(tile / 2, 3 * tile)(rng);
+  std::uniform_int_distribution<int> kind(0, 9), shortlen(1, tile), longlen(tile + 1, 4 * tile);
+  pb.offsets.push_back(0);
+  for (int b = 0; b < batch; ++b) {
+    const int k = kind(rng);
+    int n = k == 0 ? 0 : (k == 1 ? longlen(rng) : std::min(shortlen(rng), shortlen(rng)));
+    if (k == 2) n = 1;
+    std::int64_t next = pb.offsets.back() + n;
+    if (invalid && k == 3 && b > 0) next = pb.offsets.back() - 1;  // decreasing
+    pb.offsets.push_back(next);
+  }
+  pb.rows = invalid ? std::max<std::int64_t>(pb.offsets.back() - 5, 0) : pb.offsets.back();
+  return pb;
+}
+
+TEST(AttentionPacking, GroupsCoverEverySingleBlockSampleOnce) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 400; ++trial) {
+    const int tile = trial % 2 ? 128 : 64;
+    const bool invalid = trial % 5 == 4;
+    const PackBatch pb = random_batch(rng, 1 + trial % 97, tile, invalid);
+    const int batch = static_cast<int>(pb.offsets.size()) - 1;
+    // Chunks as the schedule splits the batch over threads: groups never cross a chunk's end.
+    const int chunk = 1 + trial % 13;
+    std::vector<int> listed(batch, 0);
+    int entries = 0, prev_end = -1;
+    for (int b0 = 0; b0 < batch; b0 += chunk) {
+      const int b1 = std::min(batch, b0 + chunk);
+      pack_samples(b0, b1, tile, [&](int b) { return pb.sample(b); }, [&](int first, int second) {
+        ++entries;
+        ASSERT_GE(first, b0);
+        ASSERT_GT(first, prev_end) << "entries in sample order";
+        if (second >= 0) {
+          ASSERT_EQ(second, 0);
+          ASSERT_EQ(pb.sample(first).blocks, 1);
+          ++listed[first];
+          prev_end = first;
+          return;
+        }
+        const int last = -1 - second;
+        ASSERT_LT(first, last);
+        ASSERT_LT(last, b1);
+        std::int64_t used = 0;
+        int with_rows = 0;
+        for (int b = first; b <= last; ++b) {
+          const PackSample s = pb.sample(b);
+          ASSERT_TRUE(s.packable) << "sample " << b;
+          if (b > first) ASSERT_EQ(pb.offsets[b], pb.offsets[b - 1] + pb.sample(b - 1).n) << "rows contiguous";
+          used += s.n;
+          with_rows += s.n > 0;
+          if (s.n > 0) ++listed[b];
+        }
+        ASSERT_GT(pb.sample(first).n, 0);
+        ASSERT_GT(pb.sample(last).n, 0);
+        ASSERT_GE(with_rows, 2);
+        ASSERT_LE(used, tile);
+        prev_end = last;
+      });
+    }
+    for (int b = 0; b < batch; ++b) {
+      ASSERT_EQ(listed[b], pb.sample(b).blocks == 1 ? 1 : 0) << "trial " << trial << " sample " << b;
+    }
+    ASSERT_LE(entries, batch);
+  }
+}
+
+// The schedule kernel's walk (attention_schedule.cu, list_packed_level) replayed on the host: rounds of
+// threads x chunk samples classified into bytes (pack_class), each thread's entries counted (pack_chunk), an
+// exclusive scan over the threads giving each its first slot, and the entries written there. The list must
+// equal the plain greedy walk (pack_samples) over the same chunks, whatever the round and chunk sizes.
+TEST(AttentionPacking, ScheduleWalkInRoundsMatchesTheGreedyWalk) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int tile = trial % 3 ? 128 : 64;
+    const PackBatch pb = random_batch(rng, 1 + trial % 211, tile, trial % 4 == 3);
+    const int batch = static_cast<int>(pb.offsets.size()) - 1;
+    const int threads = 1 + trial % 7, chunk = 1 + trial % 5, round = threads * chunk;
+    std::vector<std::pair<int, int>> slots;
+    std::vector<unsigned char> classes(round);
+    for (int r0 = 0; r0 < batch; r0 += round) {
+      const int count = std::min(batch - r0, round);
+      for (int k = 0; k < count; ++k) {
+        const int b = r0 + k;
+        classes[k] = pack_class(pb.offsets[b], pb.offsets[b + 1], pb.rows, pb.max_len, tile, pb.sample(b).blocks);
+      }
+      std::vector<std::int64_t> first(threads + 1, 0);
+      for (int tid = 0; tid < threads; ++tid) {
+        std::int64_t mine = 0;
+        pack_chunk(classes.data(), r0, count, chunk, tid, tile, [&](int, int) { ++mine; });
+        first[tid + 1] = first[tid] + mine;
+      }
+      const std::size_t base = slots.size();
+      slots.resize(base + first[threads], {-7, -7});
+      for (int tid = 0; tid < threads; ++tid) {
+        std::int64_t slot = first[tid];
+        pack_chunk(classes.data(), r0, count, chunk, tid, tile, [&](int b, int second) {
+          slots[base + slot++] = {b, second};
+        });
+        ASSERT_EQ(slot, first[tid + 1]);
+      }
+    }
+    std::vector<std::pair<int, int>> want;
+    for (int b0 = 0; b0 < batch; b0 += chunk) {
+      pack_samples(b0, std::min(batch, b0 + chunk), tile, [&](int b) { return pb.sample(b); },
+                   [&](int f, int sec) { want.emplace_back(f, sec); });
+    }
+    ASSERT_EQ(slots, want) << "trial " << trial;
+  }
+}
+
+TEST(AttentionPacking, GreedyFillsTiles) {
+  // 10 samples of 50 rows, tile 128: two per group (100 rows), five groups.
+  PackBatch pb;
+  pb.tile = 128;
+  pb.max_len = 1024;
+  for (int b = 0; b <= 10; ++b) pb.offsets.push_back(50 * b);
+  pb.rows = pb.offsets.back();
+  std::vector<std::pair<int, int>> got;
+  pack_samples(0, 10, 128, [&](int b) { return pb.sample(b); }, [&](int f, int s) { got.emplace_back(f, s); });
+  const std::vector<std::pair<int, int>> want = {{0, -2}, {2, -4}, {4, -6}, {6, -8}, {8, -10}};
+  EXPECT_EQ(got, want);
+  // A long sample in the middle ends a group; one that fits alone is listed alone.
+  pb.offsets = {0, 50, 250, 300, 350, 478};
+  pb.rows = pb.offsets.back();
+  got.clear();
+  pack_samples(0, 5, 128, [&](int b) { return pb.sample(b); }, [&](int f, int s) { got.emplace_back(f, s); });
+  const std::vector<std::pair<int, int>> want2 = {{0, 0}, {2, -4}, {4, 0}};
+  EXPECT_EQ(got, want2);
+}
+
+TEST(AttentionPacking, SequenceBoundsMatchALinearScan) {
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 300; ++trial) {
+    // A group: 2..40 samples of 0..20 rows (some empty), at a random base row.
+    const int count = 2 + trial % 39;
+    std::vector<std::int64_t> off = {std::uniform_int_distribution<std::int64_t>(0, 1000)(rng)};
+    std::uniform_int_distribution<int> len(0, 20);
+    for (int b = 0; b < count; ++b) off.push_back(off.back() + (b == 0 || b == count - 1 ? 1 + len(rng) : len(rng)));
+    const int rows = static_cast<int>(off.back() - off.front());
+    for (int i = 0; i < rows + 3; ++i) {
+      int lo = 0, hi = rows;  // the sequence holding row i, by a linear scan
+      for (int b = 0; b < count; ++b) {
+        const int a = static_cast<int>(off[b] - off[0]), e = static_cast<int>(off[b + 1] - off[0]);
+        if (a <= i && i < e) {
+          lo = a;
+          hi = e;
+        }
+      }
+      if (i >= rows) lo = static_cast<int>(off[count - 1] - off[0]);
+      EXPECT_EQ(packed_seq_first(off.data(), 0, count - 1, i), lo) << "row " << i;
+      EXPECT_EQ(packed_seq_end(off.data(), 0, count - 1, i), hi) << "row " << i;
+      // The block-diagonal causal mask the two describe: j sees i exactly when both are in one sequence, j <= i.
+      for (int j = 0; j < rows && i < rows; ++j) {
+        const bool same = lo <= j && j < hi;
+        EXPECT_EQ(packed_seq_first(off.data(), 0, count - 1, i) <= j && j <= i, same && j <= i);
+        EXPECT_EQ(j <= i && i < packed_seq_end(off.data(), 0, count - 1, j), same && j <= i);
+      }
+    }
   }
 }
 

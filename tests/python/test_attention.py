@@ -773,7 +773,8 @@ def test_gpu_kernel_choice():
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
     """The portable forward and backward at head dims up to 128, which the wgmma kernels replace on Hopper."""
-    run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_wgmma_head_dims or test_gpu_long_sequences")
+    run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_wgmma_head_dims or test_gpu_long_sequences or "
+                                                 "test_gpu_packed_short_sequences")
 
 
 @requires_gpu
@@ -864,6 +865,27 @@ def test_gpu_jagged_batches_of_mostly_short_sequences(opts):
     dtype = opts.pop("dtype")
     check_gpu_case(Case(lengths=_production_like_lengths(240, 1024, 52.0, seed=0),
                         max_seq_len=1024, heads=2, dtype=dtype, **opts), broadcast_mask=True)
+
+
+# Tiles of packed short sequences (the Hopper kernels' groups, attention_mask.h): 130 one-row sequences (a
+# group of 128 and one of 2), groups that fill a tile exactly (128; 64 + 64; 127 + 1), empty sequences inside
+# and around groups, sequences of 129 and 200 between them, and a run of lengths 1..39.
+PACKED_LENGTHS = ((1,) * 130 + (128, 64, 64, 127, 1, 0, 0, 50, 0, 78, 129, 3, 200, 5) + tuple(range(1, 40))
+                  + (0, 128, 0))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("dim", [16, 32, 64, 128, 256])
+def test_gpu_packed_short_sequences(dim, dtype):
+    """HSTU self-attention under a plain causal mask, where the Hopper kernels (head dims up to 128) compute
+    consecutive short sequences as one tile with a block-diagonal mask (the portable ones, at 256 and with
+    HIPDLRM_DISABLE_WGMMA, each sample alone): against the oracle, forward and gradients; the same batch with
+    targets (not packed) alongside."""
+    check_gpu_case(Case(lengths=PACKED_LENGTHS, max_seq_len=256, heads=2, dqk=dim, dv=dim, dtype=dtype),
+                   broadcast_mask=True)
+    check_gpu_case(Case(lengths=PACKED_LENGTHS, max_seq_len=256, heads=2, dqk=dim, dv=dim, dtype=dtype,
+                        targets=True), broadcast_mask=True)
 
 
 @requires_gpu

@@ -159,9 +159,12 @@ std::int64_t schedule_workspace_ints(const AttentionProblem& p);
 // blocks listed last block first (the causal forward's longest query blocks), else first block first (the
 // backward's key blocks, the first having the most queries). At most `capacity` pairs are listed
 // (invalid offsets can exceed the bound; what they cost is a wrong result, never an access out of bounds).
+// `pack`: the samples of one block are listed greedily in sample order, consecutive ones whose rows fit one
+// block together as one group (pack_samples, attention_mask.h: the pair (first sample, -1 - last sample));
+// only for kernels that compute groups (HSTU self-attention under a plain causal mask; the Hopper kernels).
 // The same launch runs `check` into `errors` (validate_offsets' work) in one more block; with capacity 0
 // it runs the check alone. Every launcher calls it once per call, also when its schedule is empty.
-gpu::status_t build_schedule(const AttentionProblem& p, int tile_rows, bool keys, bool descending,
+gpu::status_t build_schedule(const AttentionProblem& p, int tile_rows, bool keys, bool descending, bool pack,
                              std::int64_t capacity, int* schedule, const OffsetsProblem& check,
                              const common::DeviceErrorSink& errors, gpu::stream_t stream);
 

@@ -331,7 +331,8 @@ gpu::status_t launch_attention_backward(const AttentionBackwardArgs& args, gpu::
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
   gpu::status_t st =
-      build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, args.offsets_check, args.errors, stream);
+      build_schedule(p, Cfg::kBlockN, true, false, false, capacity, args.schedule, args.offsets_check, args.errors,
+                     stream);  // every sample alone: the portable kernels do not pack short sequences
   if (st != gpu::kSuccess) return st;
   if (capacity > 0) {
     constexpr int kSmem = Cfg::template smem_bytes<T>();

@@ -204,6 +204,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
     float* const grad_rab = kLean ? nullptr : bb.grad_rab;
     const float* const scale_per_token = kLean ? nullptr : bb.scale_per_token;
     const int kw0 = j0 + 64 * wgi;  // this warpgroup's first key
+    // A packed group: one past the last row of the sequence of this thread's keys (packed_seq_end); else nq.
+    const bool packed = bb.pack_last >= 0;
+    const int hi0 = packed ? packed_seq_end(p.seq_offsets, bb.b, bb.pack_last, j0 + kr0) : nq;
+    const int hi1 = packed ? packed_seq_end(p.seq_offsets, bb.b, bb.pack_last, j0 + kr0 + 8) : nq;
     unsigned char* const k_s = kv_s;
     unsigned char* const v_s = k_s + Cfg::kTileK;
 
@@ -250,9 +254,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
       const std::uint64_t desc_k_t = wg::desc(k_s + wgi * kBlockK, kBlockK, 1024);
 
       const bool inside_seq = !V::kHstu || (i0 + kBM <= nq && kw0 + 64 <= nkv);
-      const bool full = inside_seq && rab == nullptr && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
+      const bool full = inside_seq && rab == nullptr && !packed && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
       const bool live = full || mask.tile_any(i0, i0 + kBM, kw0, kw0 + 64);
-      // Masked tiles of a plain causal mask without rab: j <= i per element (rows and keys past the ends too).
+      // Masked tiles of a plain causal mask without rab: j <= i per element (rows and keys past the ends too);
+      // a packed group (only kLean problems are packed) also i < hi(j).
       // kLean: every masked tile takes that path, with j <= i only under a causal mask (else the bounds alone).
       const bool causal_fast =
           kLean || (!full && rab == nullptr && mask.plain_causal());
@@ -286,13 +291,16 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         wg::wait<1>();
         wg::fence_regs(st);
         // Element e: key line kr0 + 8 ((e >> 1) & 1), query i0 + 8 (e >> 2) + 2 t4 + (e & 1).
-        // kind: 0 every element valid; 1 plain causal, no rab (kLean: plain causal or no mask); 2 the general mask.
+        // kind: 0 every element valid; 1 plain causal, no rab (kLean: plain causal or no mask); 2 the general mask;
+        // 3 a packed group (kLean, causal): j <= i < hi(j).
         auto element = [&](int e, auto kind) {
           constexpr int kKind = decltype(kind)::value;
           constexpr bool kMasked = kKind == 2;
           const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
-          const bool inside =
-              kKind == 0 || (i < nq && j < nkv && (kKind == 1 ? (kLean && !lean_causal) || j <= i : mask.valid(i, j)));
+          bool inside = true;
+          if constexpr (kKind == 1) inside = i < nq && j < nkv && ((kLean && !lean_causal) || j <= i);
+          if constexpr (kKind == 2) inside = i < nq && j < nkv && mask.valid(i, j);
+          if constexpr (kKind == 3) inside = i < nq && j <= i && i < ((e >> 1) & 1 ? hi1 : hi0);
           float x = V::kHstu ? alpha * st[e] : st[e];
           if (kMasked && rab != nullptr && inside) {
             x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
@@ -320,6 +328,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         };
         if (full) {
           pack_p(std::integral_constant<int, 0>());
+        } else if (kLean && packed) {
+          pack_p(std::integral_constant<int, 3>());
         } else if (causal_fast) {
           pack_p(std::integral_constant<int, 1>());
         } else if constexpr (!kLean) {
@@ -515,7 +525,8 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
   gpu::status_t st =
-      build_schedule(p, Cfg::kBlockN, true, false, capacity, args.schedule, args.offsets_check, args.errors, stream);
+      build_schedule(p, Cfg::kBlockN, true, false, packs_short_sequences(p, V::kHstu), capacity, args.schedule,
+                     args.offsets_check, args.errors, stream);
   if (st != gpu::kSuccess || capacity == 0) return st;
   st = gpu::allow_dynamic_smem<attention_backward_sm90_kernel<T, V, kLean, kD>>(Cfg::kSmem);
   if (st != gpu::kSuccess) return st;

@@ -421,6 +421,27 @@ HIPDLRM_DEVICE std::int64_t backward_programs(const AttentionBackwardArgs& args,
   return static_cast<std::int64_t>(args.schedule[0]) * splits * kv_heads;
 }
 
+// The rows of group first..last of a packed schedule (pack_samples, attention_mask.h): one self-attention
+// sequence from the first sample's first row to the last one's end (the schedule checked the offsets there).
+HIPDLRM_DEVICE SampleRows packed_rows(const AttentionProblem& p, int first, int last) {
+  SampleRows r;
+  r.q0 = p.seq_offsets[first];
+  r.nq = static_cast<int>(p.seq_offsets[last + 1] - r.q0);
+  r.kv0 = r.q0;
+  r.o0 = r.q0;
+  r.nkv = r.nq;
+  return r;
+}
+
+// Whether the kernels run this problem's short sequences in packed groups (pack_samples and the block-diagonal
+// causal mask, attention_mask.h): HSTU self-attention under a plain causal mask, without rab or a per-token
+// scale (the problems of the lean Hopper backward).
+inline bool packs_short_sequences(const AttentionProblem& p, bool hstu) {
+  return hstu && p.causal && p.rab == nullptr && p.scale_per_token == nullptr && p.contextual_seq_len == 0 &&
+         p.num_targets == nullptr && p.max_attn_len == 0 && !p.broadcast_q && p.kv_offsets == nullptr &&
+         p.kv_dense_len == 0;
+}
+
 // ---- one forward block's place -------------------------------------------------------------------------
 // The (sample b, query head h, query block qb) that forward program `program` (< forward_programs) computes
 // -- the schedule's order: samples with the most query blocks first, and their longest query blocks (most
@@ -430,6 +451,7 @@ HIPDLRM_DEVICE std::int64_t backward_programs(const AttentionBackwardArgs& args,
 template <typename T, class V>
 struct ForwardBlock {
   int qb, h, b, hk, i0;
+  int pack_last;  // a packed group b..pack_last (then qb = 0, rows the group's); -1: one sample
   SampleRows rows;
   typename V::Mask mask;
   std::int64_t q_stride, o_stride, k_stride, v_stride;
@@ -446,7 +468,9 @@ struct ForwardBlock {
     h = static_cast<int>(program % p.heads);
     b = args.schedule[1 + 2 * entry];
     qb = args.schedule[2 + 2 * entry];
-    rows = sample_rows(p, b);
+    pack_last = qb < 0 ? -1 - qb : -1;
+    qb = qb < 0 ? 0 : qb;
+    rows = pack_last >= 0 ? packed_rows(p, b, pack_last) : sample_rows(p, b);
     i0 = qb * block_rows;
     if (i0 >= rows.nq) return false;
     mask_for_sample(mask, p, b, rows);
@@ -481,6 +505,7 @@ struct ForwardBlock {
 template <typename T, class V, int kBM, int kBN>
 struct BackwardBlock {
   int split, kb, hk, b, j0, group, num_qblocks, qb_first, num_steps;
+  int pack_last;  // a packed group b..pack_last (then kb = 0, rows the group's); -1: one sample
   SampleRows rows;
   typename V::Mask mask;
   std::int64_t q_stride, o_stride, k_stride, v_stride;
@@ -505,7 +530,9 @@ struct BackwardBlock {
     const std::int64_t entry = program / splits / kv_heads;
     b = args.schedule[1 + 2 * entry];
     kb = args.schedule[2 + 2 * entry];
-    rows = sample_rows(p, b);
+    pack_last = kb < 0 ? -1 - kb : -1;
+    kb = kb < 0 ? 0 : kb;
+    rows = pack_last >= 0 ? packed_rows(p, b, pack_last) : sample_rows(p, b);
     j0 = kb * kBN;
     if (j0 >= rows.nkv) return false;
     mask_for_sample(mask, p, b, rows);

@@ -232,8 +232,9 @@ template <typename T, int kD, class V>
 gpu::status_t launch_attention_forward(const AttentionForwardArgs& args, gpu::stream_t stream) {
   using Cfg = FwdConfig<kD>;
   const std::int64_t capacity = schedule_capacity(args.p, Cfg::kBlockM, false);
-  gpu::status_t st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, args.offsets_check,
-                                    args.errors, stream);
+  // Every sample alone: the portable kernels do not pack short sequences (the Hopper ones do).
+  gpu::status_t st = build_schedule(args.p, Cfg::kBlockM, false, true, false, capacity, args.schedule,
+                                    args.offsets_check, args.errors, stream);
   if (st != gpu::kSuccess || capacity == 0) return st;
   constexpr int kSmem = Cfg::template smem_bytes<T>();
   st = gpu::allow_dynamic_smem<attention_forward_kernel<T, kD, V>>(kSmem);

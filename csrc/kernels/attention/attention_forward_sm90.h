@@ -64,19 +64,29 @@ struct Sm90Scores {
   const T* rab;  // [N, N] slice of this sample and head; null: none
   float alpha;
   int w0, r0, t, nq, nkv, rab_ld;
+  int lo0, lo1;  // a packed group: the first row of the sequence of rows r0 and r0 + 8 (packed_seq_first); else 0
+  bool packed;
 
   // P = G::kGain act(alpha s + rab), masked; the output scale divides by G::kGain.
   HIPDLRM_DEVICE void apply(float (&s)[kRegs], int j0) const {
     const float pre = G::prescale(V::kHstu ? alpha : 1.0f);
-    if (rab == nullptr && mask->tile_all(w0, w0 + 64, j0, j0 + kBN)) {
+    if (rab == nullptr && !packed && mask->tile_all(w0, w0 + 64, j0, j0 + kBN)) {
 #pragma unroll
       for (int e = 0; e < kRegs; ++e) s[e] = G::f(pre * s[e]);
-    } else if (rab == nullptr && mask->plain_causal()) {
+    } else if (rab == nullptr && mask->plain_causal() && !packed) {
       // j <= i; columns past the sequence end hold zero k rows (act(0) = 0), rows past it are not stored.
 #pragma unroll
       for (int e = 0; e < kRegs; ++e) {
         const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
         s[e] = j <= i ? G::f(pre * s[e]) : 0.0f;
+      }
+    } else if (packed) {
+      // A packed group (plain causal, no rab): lo <= j <= i, lo the first row of row i's sequence.
+#pragma unroll
+      for (int e = 0; e < kRegs; ++e) {
+        const int i = r0 + ((e >> 1) & 1) * 8, j = j0 + 8 * (e >> 2) + 2 * t + (e & 1);
+        const int lo = (e >> 1) & 1 ? lo1 : lo0;
+        s[e] = j <= i && j >= lo ? G::f(pre * s[e]) : 0.0f;
       }
     } else {
       const float pre1 = G::prescale(1.0f);
@@ -283,7 +293,10 @@ __global__ void __launch_bounds__(384, 1)
     const int num_kblocks = (nkv + kBN - 1) / kBN;
     const typename V::Mask& mask = fb.mask;
     const int w0 = i0 + 64 * cw, r0 = w0 + 16 * warp + g;
-    const Sm90Scores<T, V, kBN> scores{&mask, fb.rab, fb.alpha, w0, r0, t, nq, nkv, p.max_seq_len};
+    const bool packed = fb.pack_last >= 0;
+    const int lo0 = packed ? packed_seq_first(p.seq_offsets, fb.b, fb.pack_last, r0) : 0;
+    const int lo1 = packed ? packed_seq_first(p.seq_offsets, fb.b, fb.pack_last, r0 + 8) : 0;
+    const Sm90Scores<T, V, kBN> scores{&mask, fb.rab, fb.alpha, w0, r0, t, nq, nkv, p.max_seq_len, lo0, lo1, packed};
     auto next_block = [&](int jb) {
       while (jb < num_kblocks && !mask.tile_any(i0, i0 + Cfg::kBlockM, jb * kBN, jb * kBN + kBN)) ++jb;
       return jb;
@@ -402,8 +415,8 @@ gpu::status_t launch_attention_forward_sm90_dim(const AttentionForwardArgs& args
   using Cfg = Sm90WsConfig<kD>;
   constexpr int kBN = Cfg::kBlockN;
   const std::int64_t capacity = schedule_capacity(args.p, Cfg::kBlockM, false);
-  gpu::status_t st = build_schedule(args.p, Cfg::kBlockM, false, true, capacity, args.schedule, args.offsets_check,
-                                    args.errors, stream);
+  gpu::status_t st = build_schedule(args.p, Cfg::kBlockM, false, true, packs_short_sequences(args.p, V::kHstu),
+                                    capacity, args.schedule, args.offsets_check, args.errors, stream);
   if (st != gpu::kSuccess || capacity == 0) return st;
   st = gpu::allow_dynamic_smem<attention_forward_sm90_ws_kernel<T, V, kD>>(Cfg::kSmem);
   if (st != gpu::kSuccess) return st;

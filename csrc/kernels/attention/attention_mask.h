@@ -158,6 +158,116 @@ struct WindowMask {
   HIPDLRM_HOST_DEVICE bool plain_causal() const { return false; }
 };
 
+// ---- packed tiles of short sequences --------------------------------------------------------------------
+// A jagged batch of mostly short sequences leaves a tile of R rows per sequence mostly empty. Where the
+// kernels allow it (HSTU self-attention under a plain causal mask: attention_forward_sm90.h), consecutive
+// sequences whose rows fit one tile together form a group, computed as one sequence of the group's rows
+// with a block-diagonal causal mask: group row i sees the keys j with first(i) <= j <= i, first(i) the first
+// row of i's own sequence (packed_seq_first) -- equivalently key j is seen by the queries j <= i < end(j)
+// (packed_seq_end). The schedule (attention_schedule.cu) lists a group as (first sample, -1 - last sample).
+
+// What the packing needs of sample b. A packable sample's rows are offsets[b] .. offsets[b + 1], so the rows of
+// consecutive packable samples are contiguous by construction.
+struct PackSample {
+  std::int64_t n = 0;     // offsets[b + 1] - offsets[b]
+  int blocks = 0;         // the schedule's blocks of the sample (0: no rows)
+  bool packable = false;  // 0 <= n <= R, inside the rows and max length: the kernels' clamps leave it whole
+};
+
+// Lists the entries of samples [b0, b1) that have at most one block, greedily in sample order: emit(b, 0) for a
+// sample computed alone, emit(first, -1 - last) for a group of samples first..last (at least two with rows,
+// any empty ones between them, all packable) whose rows add up to at most tile_rows. Samples with more blocks
+// end the open group and are not listed (the schedule lists them by their block count).
+template <class SampleOf, class Emit>
+HIPDLRM_HOST_DEVICE void pack_samples(int b0, int b1, int tile_rows, SampleOf sample_of, Emit emit) {
+  int first = -1, last = -1;
+  std::int64_t used = 0;
+  for (int b = b0; b < b1; ++b) {
+    const PackSample s = sample_of(b);
+    const bool joins = s.packable && s.blocks <= 1 && (first < 0 || used + s.n <= tile_rows);
+    if (!joins && first >= 0) {
+      emit(first, first == last ? 0 : -1 - last);
+      first = -1;
+      used = 0;
+    }
+    if (!s.packable || s.blocks > 1) {
+      if (s.blocks == 1) emit(b, 0);
+      continue;
+    }
+    if (s.n == 0) continue;  // between two samples of the open group, or in none
+    if (first < 0) first = b;
+    last = b;
+    used += s.n;
+  }
+  if (first >= 0) emit(first, first == last ? 0 : -1 - last);
+}
+
+// The schedule's packed walk (attention_schedule.cu) keeps one byte per sample: its rows (0 .. R <= 128) when
+// it may join a group, else one of these two classes.
+constexpr unsigned char kPackEnds = 255;   // more than one block, or no rows and invalid offsets: not listed
+constexpr unsigned char kPackAlone = 254;  // one block it cannot share (offsets past the rows or max length)
+static_assert(kPackAlone > 128, "row counts up to 128 fit below the classes");
+
+// The class of a sample with offsets [start, end) in a tensor of `rows` rows, `blocks` the schedule's blocks of
+// it after the kernels' clamps; tile_rows <= 128.
+HIPDLRM_HOST_DEVICE unsigned char pack_class(std::int64_t start, std::int64_t end, std::int64_t rows,
+                                                    int max_len, int tile_rows, int blocks) {
+  const std::int64_t n = end - start;
+  if (start >= 0 && n >= 0 && end <= rows && n <= tile_rows && n <= max_len) return static_cast<unsigned char>(n);
+  return blocks == 1 ? kPackAlone : kPackEnds;
+}
+HIPDLRM_HOST_DEVICE PackSample pack_sample(unsigned char c) {
+  PackSample s;
+  s.packable = c < kPackAlone;
+  s.n = s.packable ? c : 0;
+  s.blocks = (s.packable && c > 0) || c == kPackAlone ? 1 : (c == kPackEnds ? 2 : 0);
+  return s;
+}
+
+// Thread `tid`'s part of one round of the walk: the classes of samples [r0, r0 + count), this thread's chunk
+// of them (`chunk` consecutive samples from tid x chunk), its entries emitted with batch sample indices:
+// emit(b, 0) alone, emit(first, -1 - last) a group.
+template <class Emit>
+HIPDLRM_HOST_DEVICE void pack_chunk(const unsigned char* classes, int r0, int count, int chunk, int tid, int tile_rows,
+                                    Emit emit) {
+  const int c0 = tid * chunk < count ? tid * chunk : count;
+  const int c1 = c0 + chunk < count ? c0 + chunk : count;
+  pack_samples(c0, c1, tile_rows, [&](int k) { return pack_sample(classes[k]); },
+               [&](int k, int second) { emit(r0 + k, second < 0 ? second - r0 : second); });
+}
+
+// Group first..last (offsets non-decreasing there): the first row of the sequence that holds group row i, and
+// one past the last row of the sequence that holds group row j, both relative to offsets[first]. Rows past the
+// group's end: its last sequence's first row, and the group's end.
+template <class Offset>
+HIPDLRM_HOST_DEVICE int packed_seq_first(const Offset* offsets, int first, int last, int i) {
+  const Offset base = offsets[first];
+  int lo = first, hi = last;  // the last b with offsets[b] - base <= i
+  while (lo < hi) {
+    const int mid = lo + (hi - lo + 1) / 2;
+    if (offsets[mid] - base <= i) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return static_cast<int>(offsets[lo] - base);
+}
+template <class Offset>
+HIPDLRM_HOST_DEVICE int packed_seq_end(const Offset* offsets, int first, int last, int j) {
+  const Offset base = offsets[first];
+  int lo = first + 1, hi = last + 1;  // the first b with offsets[b] - base > j (last + 1 when none)
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (offsets[mid] - base > j) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return static_cast<int>(offsets[lo] - base);
+}
+
 }  // namespace attention
 }  // namespace kernels
 }  // namespace hipdlrm
