@@ -148,8 +148,9 @@ def hstu_mha(
             ``1 / (1 - dropout_pr)``). The mask comes from a seed drawn from torch's generator of q's device
             (``torch.manual_seed`` makes a run reproducible; nothing is read on the host, so the call stays
             graph-capturable) through a counter-based hash of (seed, sequence, head, position, position), so
-            the backward recomputes it instead of storing it (docs/attention.md, "Dropout"). It runs the
-            composite path on every device (no fused kernel yet): correct, not fast.
+            the backward recomputes it instead of storing it (docs/attention.md, "Dropout"). On a GPU, fp16
+            and bf16 inputs run it inside the portable attention kernels (on Hopper too, where the wgmma
+            kernels have none); fp32 and other head dims on the composite path.
         sort_by_length: GR's kernels schedule the sequences longest first with it; hipdlrm's GPU kernels
             always do (their tile schedule), and the result is the same either way: it changes nothing here.
         kernel: GR's backend choice (its Kernel enum); ignored: hipdlrm runs its own kernels.

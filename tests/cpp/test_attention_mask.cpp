@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <utility>
@@ -14,6 +16,7 @@
 
 namespace {
 
+using hipdlrm::kernels::attention::Dropout;
 using hipdlrm::kernels::attention::HstuMask;
 using hipdlrm::kernels::attention::PackSample;
 using hipdlrm::kernels::attention::WindowMask;
@@ -378,6 +381,51 @@ TEST(AttentionPacking, SequenceBoundsMatchALinearScan) {
       }
     }
   }
+}
+
+// Attention dropout's keep mask against values computed with Python's integers from docs/attention.md's
+// formula (splitmix64's finalizer of ((b H + h) N + i) N + j + seed x 0x9E3779B97F4A7C15, kept where its
+// top 53 bits are >= floor(p 2^53)).
+std::uint64_t threshold_of(double p) { return static_cast<std::uint64_t>(std::ldexp(p, 53)); }
+
+TEST(AttentionDropout, MixAndSingleWeights) {
+  EXPECT_EQ(Dropout::mix(0), 0u);
+  EXPECT_EQ(Dropout::mix(1), 0x5692161d100b05e5ULL);
+  EXPECT_EQ(Dropout::mix(0x123456789abcdef0ULL), 0x9629f58e8ec5b906ULL);
+  struct Case {
+    std::int64_t seed;
+    int b, h, i, j, heads, n;
+    double p;
+    bool kept;
+  };
+  const Case cases[] = {{-4265238467339061LL, 3, 1, 17, 5, 4, 1024, 0.3, true},
+                        {42, 0, 0, 0, 0, 2, 80, 0.25, false},
+                        {INT64_MAX, 511, 3, 1023, 1000, 4, 1024, 0.5, false},
+                        {-1, 7, 2, 100, 99, 3, 128, 0.9, false}};
+  for (const Case& c : cases) {
+    const Dropout d = Dropout::make(c.seed, threshold_of(c.p), static_cast<float>(1.0 / (1.0 - c.p)), c.b, c.h,
+                                    c.heads, c.n);
+    EXPECT_EQ(d.keep(c.i, c.j), c.kept) << c.seed << " " << c.b << " " << c.h << " " << c.i << " " << c.j;
+    EXPECT_EQ(d.factor(c.i, c.j), c.kept ? static_cast<float>(1.0 / (1.0 - c.p)) : 0.0f);
+  }
+}
+
+TEST(AttentionDropout, KeptCountOverAGrid) {
+  // seed 12345, H = 4, N = 256, p = 0.3; samples 0 and 1, every head, i in 0, 7, .., j in 0, 5, ..:
+  // 10745 of 15392 weights kept (Python).
+  const int heads = 4, n = 256;
+  int kept = 0, total = 0;
+  for (int b = 0; b < 2; ++b)
+    for (int h = 0; h < heads; ++h) {
+      const Dropout d = Dropout::make(12345, threshold_of(0.3), 1.0f / 0.7f, b, h, heads, n);
+      for (int i = 0; i < n; i += 7)
+        for (int j = 0; j < n; j += 5) {
+          kept += d.keep(i, j) ? 1 : 0;
+          ++total;
+        }
+    }
+  EXPECT_EQ(total, 15392);
+  EXPECT_EQ(kept, 10745);
 }
 
 }  // namespace

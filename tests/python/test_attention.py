@@ -18,6 +18,7 @@ import itertools
 import math
 from typing import Dict, Optional, Tuple, Union
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -137,6 +138,7 @@ class Case:
     rab_grad: bool = True
     offsets_dtype: torch.dtype = torch.int64
     dtype: torch.dtype = torch.float32
+    dropout: float = 0.0                # attention dropout's p (training), with seed DROPOUT_SEED
 
     @property
     def n_max(self) -> int:
@@ -153,6 +155,8 @@ class Case:
                 parts.append(f"{name}={getattr(self, name)}")
         if self.rab:
             parts.append(f"rab={''.join(self.rab)}")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
         return ",".join(parts)
 
 
@@ -232,10 +236,32 @@ def reference_mha(case: Case, inp: Inputs, q, k, v, rab, dtype: torch.dtype, mas
         else:
             p = p / case.n_max
         p = torch.where(mask[b, :n, :n].unsqueeze(0), p, zero)
+        if case.dropout:
+            p = p * keep_factors(DROPOUT_SEED, b, q.shape[1], case.n_max, n, case.dropout).to(p)
         outs.append(torch.einsum("hij,jhd->ihd", p, v[lo:hi]))
     if not outs:
         return q.new_zeros(0, q.shape[1], v.shape[2])
     return torch.cat(outs)
+
+
+DROPOUT_SEED = -4265238467339061  # the dropout cases' seed (any int64)
+
+
+def keep_factors(seed: int, b: int, heads: int, n_max: int, n: int, p: float) -> torch.Tensor:
+    """[heads, n, n] float64: 1 / (1 - p) where docs/attention.md's dropout hash keeps weight (b, h, i, j),
+    else 0 -- the formula in numpy's wrapping uint64 arithmetic (checked against the Python-integer version
+    _kept_by_formula below)."""
+    u = np.uint64
+    h = np.arange(heads, dtype=u)[:, None, None]
+    i = np.arange(n, dtype=u)[None, :, None]
+    j = np.arange(n, dtype=u)[None, None, :]
+    with np.errstate(over="ignore"):
+        x = ((u(b) * u(heads) + h) * u(n_max) + i) * u(n_max) + j + u((seed * 0x9E3779B97F4A7C15) % 2 ** 64)
+        x = (x ^ (x >> u(30))) * u(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> u(27))) * u(0x94D049BB133111EB)
+        x = x ^ (x >> u(31))
+    keep = (x >> u(11)) >= u(int(math.ldexp(p, 53)))
+    return torch.from_numpy(keep.astype(np.float64)) / (1 - p)
 
 
 def case_mask(case: Case, inp: Inputs, broadcast: bool = False) -> torch.Tensor:
@@ -269,10 +295,20 @@ def run_op(case: Case, inp: Inputs) -> Result:
     rab = None
     if inp.rab is not None:
         rab = inp.rab.detach().clone().requires_grad_(case.rab_grad)
-    out = hipdlrm.hstu_mha(case.n_max, case.alpha, q, k, v, inp.seq_offsets, causal=case.causal,
-                           num_targets=inp.num_targets, attn_scale=inp.attn_scale,
-                           max_attn_len=case.max_attn_len, contextual_seq_len=case.contextual_seq_len, rab=rab,
-                           min_full_attn_seq_len=case.min_full_attn_seq_len)
+    if case.dropout:  # the op with a given seed (hstu_mha draws one from q's device's generator)
+        scale = inp.attn_scale
+        per_token = None
+        if isinstance(scale, torch.Tensor):
+            per_token, scale = (scale.expand(q.shape[0]) if scale.dim() == 0 else scale), None
+        out = torch.ops.hipdlrm.hstu_mha_fwd(
+            case.n_max, case.alpha, q, k, v, inp.seq_offsets, case.causal, inp.num_targets, scale, per_token,
+            case.max_attn_len, case.contextual_seq_len, rab, case.min_full_attn_seq_len, case.dropout,
+            torch.tensor([DROPOUT_SEED], dtype=torch.int64, device=q.device))
+    else:
+        out = hipdlrm.hstu_mha(case.n_max, case.alpha, q, k, v, inp.seq_offsets, causal=case.causal,
+                               num_targets=inp.num_targets, attn_scale=inp.attn_scale,
+                               max_attn_len=case.max_attn_len, contextual_seq_len=case.contextual_seq_len, rab=rab,
+                               min_full_attn_seq_len=case.min_full_attn_seq_len)
     assert out.dtype == inp.q.dtype and out.shape == (inp.q.shape[0], inp.q.shape[1], inp.v.shape[2])
     return _with_grads(out, inp.grad_out, q, k, v, rab)
 
@@ -1126,8 +1162,8 @@ def test_dropout_through_hstu_mha():
 @requires_gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gpu_dropout_matches_cpu_without_host_sync(dtype):
-    """The same seed gives the same mask on the GPU (the composite path) as on the CPU, forward and backward,
-    and the GPU call reads nothing on the host."""
+    """The same seed gives the same mask on the GPU (bf16: the portable kernels; fp32: the composite path) as
+    on the CPU, forward and backward, and the GPU call reads nothing on the host."""
     lengths, n_max = (40, 3, 0, 77), 80
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(sum(lengths), 2, 32, generator=g).to(dtype) for _ in range(3))
@@ -1150,3 +1186,62 @@ def test_gpu_dropout_matches_cpu_without_host_sync(dtype):
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.mark.parametrize("seed", [DROPOUT_SEED, 7, 2 ** 63 - 1])
+def test_keep_factors_match_the_python_formula(seed):
+    """The oracle's vectorised mask (numpy uint64) against the Python-integer formula, element by element."""
+    heads, n_max, n, p = 3, 11, 9, 0.35
+    for b in (0, 4):
+        got = keep_factors(seed, b, heads, n_max, n, p)
+        want = torch.tensor([[[_kept_by_formula(seed, b, h, i, j, heads, n_max, p) / (1 - p) for j in range(n)]
+                              for i in range(n)] for h in range(heads)], dtype=torch.float64)
+        assert torch.equal(got, want)
+
+
+DROPOUT_MASK_CASES = [Case(causal=True), Case(causal=False, max_attn_len=3),
+                      Case(targets=True, contextual_seq_len=2, rab=("B", "H"), scale="per_token"),
+                      Case(targets=True, max_attn_len=4, min_full_attn_seq_len=2, rab=("1", "1"), scale="float")]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", DROPOUT_MASK_CASES, ids=lambda c: c.label())
+def test_cpu_dropout_with_masks_and_options(case, dtype):
+    """Dropout with every mask option, rab (and its gradient) and the output scales, against the oracle with
+    the formula's mask."""
+    check_cpu_case(dataclasses.replace(case, dtype=dtype, dropout=0.3))
+
+
+@requires_gpu
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("dqk,dv", [(16, 16), (32, 32), (64, 64), (128, 128), (256, 256), (64, 128), (256, 32)])
+def test_gpu_dropout_kernels_head_dims(dqk, dv, dtype):
+    """The kernels' dropout (the portable forward and backward recompute the mask per element) at every head
+    dim, with targets, a contextual prefix, rab with its gradient and a per-token scale; lengths around the
+    tile edges and past one 128-row block."""
+    check_gpu_case(Case(lengths=(1, 15, 17, 0, 63, 65, 130, 300), dqk=dqk, dv=dv, dtype=dtype, targets=True,
+                        contextual_seq_len=2, rab=("B", "1"), scale="per_token", dropout=0.25))
+
+
+@requires_gpu
+@pytest.mark.parametrize("p", [0.1, 0.6])
+@pytest.mark.parametrize("case", DROPOUT_MASK_CASES, ids=lambda c: c.label())
+def test_gpu_dropout_kernels_masks(case, p):
+    check_gpu_case(dataclasses.replace(case, lengths=(200, 3, 77, 129), dqk=128, dv=128, dtype=torch.bfloat16,
+                                       dropout=p))
+
+
+@requires_gpu
+def test_gpu_dropout_runs_the_portable_kernels():
+    """Dropout runs on the portable kernels (not the composite path, not the wgmma kernels, which have none)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    q, k, v = (torch.randn(300, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    offsets = torch.tensor([0, 117, 300], device="cuda")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        hipdlrm.hstu_mha(183, 1.0 / 128, q, k, v, offsets, dropout_pr=0.2, training=True).sum().backward()
+        torch.cuda.synchronize()
+    names = [e.key for e in prof.key_averages()]
+    for direction in ("forward", "backward"):
+        assert any(f"attention_{direction}_kernel" in n for n in names), (direction, names)
+        assert not any(f"attention_{direction}_sm90_" in n for n in names), (direction, names)

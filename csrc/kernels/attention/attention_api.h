@@ -6,7 +6,7 @@
 // For each sample b and query head h (kv head h / (heads / kv_heads)), with query rows i of the sample and
 // key rows j:
 //   X = alpha * q k^T + rab[b, h]       P = act(X) (.) valid * s     s = scale_per_token[row] or scale_value
-//   O = P v
+//   O = (P (.) keep) v                   keep: HSTU's attention dropout (1 / (1 - p) or 0), else 1
 // HSTU: act = SiLU, valid = HstuMask (attention_mask.h), q, k, v share seq_offsets.
 // GDPA: alpha = 1, no rab, s = qk_scale, valid = |i - j| <= window (everything when window < 0), and
 //       act in {identity, relu, gelu (erf), fast_gelu (tanh form), silu}.
@@ -52,6 +52,12 @@ struct AttentionProblem {
   const void* rab = nullptr;
   int rab_batch = 1;
   int rab_heads = 1;
+  // Attention dropout (HSTU only; Dropout in attention_mask.h): with dropout_seed non-null, weight (b, h, i, j)
+  // is kept, scaled by dropout_scale = 1 / (1 - p), where the seeded hash of (b, h, i, j) clears
+  // dropout_threshold = floor(p 2^53), else dropped. The seed is read on the device.
+  const std::int64_t* dropout_seed = nullptr;  // [1], device; null: no dropout
+  std::uint64_t dropout_threshold = 0;
+  float dropout_scale = 1.0f;
   ElemType dtype = ElemType::kBFloat16;
 
   // ---- GDPA (the HSTU launchers ignore these; their defaults describe self-attention) ----

@@ -1,8 +1,10 @@
 // The backward of the jagged pointwise-activation attention core, shared by HSTU and GDPA: dQ, dK, dV
 // (and HSTU's dRab) of O = (act(alpha q k^T + rab) (.) valid) v * s (attention_api.h). With x = alpha q.k + rab,
 // s_i the row scale:
-//   P = valid act(x) s_i,  dP = dO v^T,  dX = valid dP s_i act'(x),
-//   dV = P^T dO,  dK = alpha dX^T q,  dQ = alpha dX k,  dRab = dX.
+//   P = valid act(x) s_i keep,  dP = dO v^T,  dX = valid dP s_i act'(x) keep,
+//   dV = P^T dO,  dK = alpha dX^T q,  dQ = alpha dX k,  dRab = dX,
+// keep = 1 without attention dropout, else HSTU's seeded keep mask (1 / (1 - p) or 0, attention_mask.h),
+// recomputed here as in the forward.
 //
 // Thread mapping (FlashAttention-2 order, key-block major): one block per (key block of kBlockN keys, kv
 // head, head-dim part) of the tile schedule (attention_schedule.cu: the key blocks with rows, samples with
@@ -81,6 +83,7 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
   float* const grad_rab = bb.grad_rab;
   const bool rab_shared = bb.rab_shared;
   const float* const scale_per_token = bb.scale_per_token;
+  const Dropout drop = bb.drop;
 
   const int wave = gpu::wave_id(), lane = gpu::lane_id();
   const int jw = j0 + 16 * wave;  // this wave's first key
@@ -129,8 +132,9 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
 
   // S^T, dP^T of one 16x16 sub-tile -> P^T, dX^T in place (p_row = key, p_col = query); dRab of its valid
   // elements. Masked: the sub-tile crosses the mask or the sequence end (else every element is valid).
-  auto activation = [&](typename M::Acc& st, typename M::Acc& dpt, int qi0, auto masked) {
-    constexpr bool kMasked = decltype(masked)::value;
+  // Dropped (attention dropout): P^T and dX^T times the keep factor, 1 / (1 - p) or 0.
+  auto activation = [&](typename M::Acc& st, typename M::Acc& dpt, int qi0, auto masked, auto dropped) {
+    constexpr bool kMasked = decltype(masked)::value, kDropped = decltype(dropped)::value;
 #pragma unroll
     for (int e = 0; e < M::kAcc; ++e) {
       const int j = jw + M::p_row(lane, e), i = qi0 + M::p_col(lane, e);
@@ -142,8 +146,9 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
       const float a = F::fg(x, g);
       float s = 0.0f;
       if (inside) s = scale_per_token != nullptr ? scale_per_token[rows.q0 + i] : p.scale_value;
-      const float dx = inside ? dpt.v[e] * s * g : 0.0f;
-      st.v[e] = inside ? a * s : 0.0f;
+      const float keep = kDropped ? drop.factor(i, j) : 1.0f;
+      const float dx = inside ? dpt.v[e] * s * g * keep : 0.0f;
+      st.v[e] = inside ? a * s * keep : 0.0f;
       dpt.v[e] = dx;
       if (grad_rab != nullptr && inside) {
         if (rab_shared) {
@@ -190,10 +195,12 @@ __global__ void __launch_bounds__(BwdConfig<kD>::kWaves * gpu::kWaveSize, BwdCon
           const typename M::Op vx = kVReg ? vop[kVReg ? kt : 0] : M::load_rows(v_s + 16 * wave * kLd + 16 * kt, kLd);
           M::mma_nt_packable(dpt, vx, M::load_rows(do_s + 16 * mt * kLd + 16 * kt, kLd));
         }
-        if (full) {
-          activation(st, dpt, qi0, std::false_type());
+        if (V::kDropout) {
+          activation(st, dpt, qi0, std::true_type(), std::true_type());
+        } else if (full) {
+          activation(st, dpt, qi0, std::false_type(), std::false_type());
         } else {
-          activation(st, dpt, qi0, std::true_type());
+          activation(st, dpt, qi0, std::true_type(), std::false_type());
         }
       }
       const typename M::Op pp = M::pack(st), px = M::pack(dpt);
@@ -351,12 +358,15 @@ template <class V>
 gpu::status_t dispatch_attention_backward(const AttentionBackwardArgs& args, const LaunchOptions& options, gpu::stream_t stream) {
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
 #if defined(HIPDLRM_PLATFORM_CUDA)
-  if (options.wgmma && sm90_kernels_available(args.p)) {
-    const bool bf16 = args.p.dtype == ElemType::kBFloat16;
-    const gpu::status_t st = bf16 ? launch_attention_backward_sm90<gpu::bfloat16_t, V>(args, stream)
-                                  : launch_attention_backward_sm90<gpu::half_t, V>(args, stream);
-    if (st != gpu::kSuccess) return st;
-    return bf16 ? launch_convert_grad_q<gpu::bfloat16_t>(args, stream) : launch_convert_grad_q<gpu::half_t>(args, stream);
+  if constexpr (!V::kDropout) {
+    if (options.wgmma && sm90_kernels_available(args.p)) {
+      const bool bf16 = args.p.dtype == ElemType::kBFloat16;
+      const gpu::status_t st = bf16 ? launch_attention_backward_sm90<gpu::bfloat16_t, V>(args, stream)
+                                    : launch_attention_backward_sm90<gpu::half_t, V>(args, stream);
+      if (st != gpu::kSuccess) return st;
+      return bf16 ? launch_convert_grad_q<gpu::bfloat16_t>(args, stream)
+                  : launch_convert_grad_q<gpu::half_t>(args, stream);
+    }
   }
 #else
   (void)options;

@@ -163,6 +163,14 @@ HIPDLRM_DEVICE void mask_for_sample(WindowMask& m, const AttentionProblem& p, in
   m = WindowMask::make(r.nq, r.nkv, p.window);
 }
 
+// The call's attention dropout of sample b's head h (V::kDropout; off otherwise). The seed is read once per
+// block.
+template <class V>
+HIPDLRM_DEVICE Dropout dropout_of(const AttentionProblem& p, int b, int h) {
+  if (!V::kDropout || p.dropout_seed == nullptr) return Dropout();
+  return Dropout::make(*p.dropout_seed, p.dropout_threshold, p.dropout_scale, b, h, p.heads, p.max_seq_len);
+}
+
 // ---- activations ----------------------------------------------------------------------------------------
 // SiLU(x) = x * sigmoid(x), sigmoid from the hardware exp and reciprocal. Large negative x: exp(-x) = inf,
 // rcp(inf) = 0, result -0; large positive: exp(-x) = 0, result x.
@@ -460,6 +468,7 @@ struct ForwardBlock {
   const T* vg;
   const T* rab;  // null: none
   float alpha;
+  Dropout drop;  // V::kDropout: HSTU's attention dropout
 
   // False when the block starts past its sample's last query row (nothing to do).
   HIPDLRM_DEVICE bool init(const AttentionForwardArgs& args, std::int64_t program, int block_rows) {
@@ -490,6 +499,7 @@ struct ForwardBlock {
             (rb * p.rab_heads + rh) * p.max_seq_len * static_cast<std::int64_t>(p.max_seq_len);
     }
     alpha = V::kHstu ? p.alpha : 1.0f;
+    drop = dropout_of<V>(p, b, h);
     return true;
   }
 };
@@ -519,6 +529,7 @@ struct BackwardBlock {
   bool rab_shared;  // rab broadcasts over batch or heads: dRab by atomics
   const float* scale_per_token;
   float alpha;
+  Dropout drop;  // V::kDropout: HSTU's attention dropout
 
   // False when the key block starts past its sample's last key (nothing to do).
   HIPDLRM_DEVICE bool init(const AttentionBackwardArgs& args, std::int64_t program, int splits) {
@@ -553,6 +564,7 @@ struct BackwardBlock {
     grad_rab = V::kHstu && args.grad_rab != nullptr && split == 0 ? args.grad_rab + rab_offset : nullptr;
     rab_shared = (p.rab_batch == 1 && p.batch > 1) || (p.rab_heads == 1 && p.heads > 1);
     scale_per_token = V::kHstu ? p.scale_per_token : nullptr;
+    drop = dropout_of<V>(p, b, hk);  // HSTU: the kv head is the query head
     num_qblocks = (rows.nq + kBM - 1) / kBM;
     qb_first = mask.first_query(j0) / kBM;
     num_steps = qb_first < num_qblocks ? group * num_qblocks : 0;

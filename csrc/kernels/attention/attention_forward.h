@@ -15,9 +15,12 @@
 // by the key/value tile (64 KB of LDS), one stage, program ids remapped so each XCD walks contiguous
 // (sample, head) tiles. NVIDIA: mma.sync m16n8k16 with ldmatrix, cp.async double buffering.
 //
-// Variant V (HstuVariant, GdpaVariant<A>): V::Mask (HstuMask or WindowMask), V::kAct, and V::kHstu (alpha,
-// rab and the per-token scale are read; else alpha = 1 and there is neither).
+// Variant V (HstuVariant, HstuDropoutVariant, GdpaVariant<A>): V::Mask (HstuMask or WindowMask), V::kAct,
+// V::kHstu (alpha, rab and the per-token scale are read; else alpha = 1 and there is neither) and V::kDropout
+// (HSTU's attention dropout: P times the seeded keep mask of attention_mask.h, per element).
 #pragma once
+
+#include <type_traits>
 
 #include "kernels/attention/attention_core.h"
 #include "kernels/attention/attention_forward_sm90.h"
@@ -31,6 +34,11 @@ struct HstuVariant {
   using Mask = HstuMask;
   static constexpr Activation kAct = Activation::kSilu;
   static constexpr bool kHstu = true;
+  static constexpr bool kDropout = false;
+};
+// HSTU with attention dropout (AttentionProblem::dropout_seed set): the portable kernels only.
+struct HstuDropoutVariant : HstuVariant {
+  static constexpr bool kDropout = true;
 };
 
 template <Activation A>
@@ -38,6 +46,7 @@ struct GdpaVariant {
   using Mask = WindowMask;
   static constexpr Activation kAct = A;
   static constexpr bool kHstu = false;
+  static constexpr bool kDropout = false;
 };
 
 template <typename T, int kD, class V>
@@ -72,6 +81,7 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
   const T* const vg = fb.vg;
   const T* const rab = fb.rab;
   const float alpha = fb.alpha;
+  const Dropout drop = fb.drop;
 
   const int wave = gpu::wave_id(), lane = gpu::lane_id();
   const int w0 = i0 + 16 * kMT * wave;  // this wave's first query row
@@ -146,14 +156,16 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
           for (int mt = 0; mt < kMT; ++mt) M::mma_nt_packable(s[mt][nt], qa[mt], kb);
         }
       }
-      if (rab == nullptr && mask.tile_all(w0, w0 + 16 * kMT, j0, j0 + kBN)) {
+      // P = act(x) where valid (dropout: times 1 / (1 - p) or 0): the mask-free and the plain causal paths
+      // without dropout, the per-element path otherwise.
+      if (!V::kDropout && rab == nullptr && mask.tile_all(w0, w0 + 16 * kMT, j0, j0 + kBN)) {
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
 #pragma unroll
           for (int nt = 0; nt < kNT; ++nt)
 #pragma unroll
             for (int e = 0; e < M::kAcc; ++e) s[mt][nt].v[e] = F::f(V::kHstu ? alpha * s[mt][nt].v[e] : s[mt][nt].v[e]);
-      } else if (rab == nullptr && mask.plain_causal()) {
+      } else if (!V::kDropout && rab == nullptr && mask.plain_causal()) {
         // j <= i; columns past the sequence end hold zero k rows (act(0) = 0), rows past it are not stored.
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt)
@@ -176,7 +188,7 @@ __global__ void __launch_bounds__(FwdConfig<kD>::kWaves * gpu::kWaveSize, FwdCon
               const bool inside = i < nq && j < nkv && mask.valid(i, j);
               float x = V::kHstu ? alpha * s[mt][nt].v[e] : s[mt][nt].v[e];
               if (rab != nullptr && inside) x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
-              s[mt][nt].v[e] = inside ? F::f(x) : 0.0f;
+              s[mt][nt].v[e] = inside ? F::f(x) * (V::kDropout ? drop.factor(i, j) : 1.0f) : 0.0f;
             }
       }
       typename M::Op pop[kMT][kNT];
@@ -250,9 +262,11 @@ template <class V>
 gpu::status_t dispatch_attention_forward(const AttentionForwardArgs& args, const LaunchOptions& options, gpu::stream_t stream) {
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
 #if defined(HIPDLRM_PLATFORM_CUDA)
-  if (options.wgmma && sm90_kernels_available(args.p)) {
-    return args.p.dtype == ElemType::kBFloat16 ? launch_attention_forward_sm90<gpu::bfloat16_t, V>(args, stream)
-                                               : launch_attention_forward_sm90<gpu::half_t, V>(args, stream);
+  if constexpr (!V::kDropout) {
+    if (options.wgmma && sm90_kernels_available(args.p)) {
+      return args.p.dtype == ElemType::kBFloat16 ? launch_attention_forward_sm90<gpu::bfloat16_t, V>(args, stream)
+                                                 : launch_attention_forward_sm90<gpu::half_t, V>(args, stream);
+    }
   }
 #else
   (void)options;

@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(384, 1)
 // Whether the wgmma kernels can serve this problem on the current device: an sm_90a build, a
 // compute-capability 9.0 device and a head dim (the larger of dqk and dv) up to 128, which both run at 64
 // or 128 columns (sm90_tile_dim), those past dqk and dv staged as zeros. Whether they may is the caller's
-// choice (LaunchOptions::wgmma).
+// choice (LaunchOptions::wgmma). Attention dropout runs on the portable kernels (HstuDropoutVariant).
 inline bool sm90_kernels_available(const AttentionProblem& p) {
 #if defined(HIPDLRM_SM90A_KERNELS)
   const int d = p.dqk > p.dv ? p.dqk : p.dv;

@@ -1,4 +1,5 @@
-// The valid masks of the attention core (HSTU's mask and GDPA's window) and the row ranges of one sample:
+// The valid masks of the attention core (HSTU's mask and GDPA's window), the row ranges of one sample and
+// HSTU's attention-dropout mask:
 // plain integer arithmetic, host and device, torch-free, so that GoogleTest (tests/cpp/test_attention_mask.cpp)
 // checks the tile answers against the per-element mask exhaustively on the host. Included by attention_core.h.
 #pragma once
@@ -267,6 +268,47 @@ HIPDLRM_HOST_DEVICE int packed_seq_end(const Offset* offsets, int first, int las
   }
   return static_cast<int>(offsets[lo] - base);
 }
+
+// ---- attention dropout -------------------------------------------------------------------------------------
+// Whether HSTU weight (sample b, head h, query i, key j) survives attention dropout (docs/attention.md,
+// "Dropout"): splitmix64's finalizer of the counter ((b H + h) N + i) N + j plus seed x 0x9E3779B97F4A7C15,
+// in wrapping unsigned 64-bit arithmetic, kept where its top 53 bits are >= floor(p 2^53); a kept weight is
+// scaled by 1 / (1 - p). The forward and the backward kernels recompute it per element (nothing is stored);
+// the composite path (attention.cpp, dropout_keep) evaluates the same formula with torch's int64 tensor
+// ops, and GoogleTest pins this one to values computed with Python's integers.
+struct Dropout {
+  bool on = false;
+  std::uint64_t offset = 0;     // seed * 0x9E3779B97F4A7C15
+  std::uint64_t threshold = 0;  // floor(p 2^53)
+  float scale = 1.0f;           // 1 / (1 - p)
+  std::uint64_t base = 0;       // the counter of weight (b, h, 0, 0): ((b H + h) N) N
+  std::uint64_t n = 0;          // N = max_seq_len
+
+  // Dropout of sample b's head h.
+  HIPDLRM_HOST_DEVICE static Dropout make(std::int64_t seed, std::uint64_t threshold, float scale, int b, int h,
+                                          int heads, int n) {
+    Dropout d;
+    d.on = true;
+    d.offset = static_cast<std::uint64_t>(seed) * 0x9E3779B97F4A7C15ULL;
+    d.threshold = threshold;
+    d.scale = scale;
+    d.n = static_cast<std::uint64_t>(n);
+    d.base = (static_cast<std::uint64_t>(b) * static_cast<std::uint64_t>(heads) + static_cast<std::uint64_t>(h)) *
+             d.n * d.n;
+    return d;
+  }
+  HIPDLRM_HOST_DEVICE static std::uint64_t mix(std::uint64_t x) {
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+    return x ^ (x >> 31);
+  }
+  HIPDLRM_HOST_DEVICE bool keep(int i, int j) const {
+    const std::uint64_t counter = base + static_cast<std::uint64_t>(i) * n + static_cast<std::uint64_t>(j);
+    return (mix(counter + offset) >> 11) >= threshold;
+  }
+  // The factor of weight (i, j): 1 / (1 - p) where kept, else 0.
+  HIPDLRM_HOST_DEVICE float factor(int i, int j) const { return keep(i, j) ? scale : 0.0f; }
+};
 
 }  // namespace attention
 }  // namespace kernels

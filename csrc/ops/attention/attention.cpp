@@ -201,7 +201,7 @@ at::Tensor dropout_keep(const HstuOptions& o, const Chunk& chunk, std::int64_t h
   x = x.bitwise_xor(lsr(x, 30)).mul_(static_cast<std::int64_t>(0xBF58476D1CE4E5B9ULL));
   x = x.bitwise_xor(lsr(x, 27)).mul_(static_cast<std::int64_t>(0x94D049BB133111EBULL));
   x = x.bitwise_xor(lsr(x, 31));
-  const auto threshold = static_cast<std::int64_t>(std::ldexp(o.dropout_pr, 53));  // keep where u >= p 2^53
+  const auto threshold = static_cast<std::int64_t>(dropout_threshold(o.dropout_pr));  // keep where u >= it
   return lsr(x, 11).ge(threshold).to(compute).mul_(1.0 / (1.0 - o.dropout_pr));
 }
 
@@ -282,6 +282,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
 }
 
 }  // namespace
+
+std::uint64_t dropout_threshold(double dropout_pr) { return static_cast<std::uint64_t>(std::ldexp(dropout_pr, 53)); }
 
 void define(torch::Library& m) {
   // generative-recommenders' hstu_mha arguments, plus the relative attention bias; min_full_attn_seq_len

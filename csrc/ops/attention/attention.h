@@ -31,9 +31,13 @@ struct HstuOptions {
   std::int64_t contextual_seq_len = 0;
   std::optional<at::Tensor> rab;
   std::int64_t min_full_attn_seq_len = 0;  // generative-recommenders': with max_attn_len, the last rows attend fully
-  double dropout_pr = 0.0;                  // attention dropout (composite path only), with its seed:
+  double dropout_pr = 0.0;                  // attention dropout, with its seed:
   std::optional<at::Tensor> dropout_seed;   // [1] int64 on q's device
 };
+
+// Attention dropout's threshold: weight (b, h, i, j) is kept where the top 53 bits of its hash are at least
+// floor(p 2^53) (docs/attention.md, "Dropout"; the kernels' Dropout in kernels/attention/attention_mask.h).
+std::uint64_t dropout_threshold(double dropout_pr);
 
 HstuOptions make_options(std::int64_t max_seq_len, double alpha, const at::Tensor& seq_offsets, bool causal,
                          const std::optional<at::Tensor>& num_targets, std::optional<double> attn_scale,

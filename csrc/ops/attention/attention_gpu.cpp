@@ -1,9 +1,10 @@
 // HSTU attention on CUDA / ROCm: argument checks, conversions, workspaces and the kernel launches.
 //
 // fp16 and bf16 inputs at head dims 16, 32, 64, 128 and 256 run on the matrix-core kernels
-// (kernels/attention/attention_api.h). fp32 and fp64 inputs, other head dims, and calls with attention
-// dropout take the composite path of attention.cpp on the device: the kernels have no fp32 instantiation nor other head dims, and the
-// composite path is the reference the kernels are tested against. Neither path reads a value on the
+// (kernels/attention/attention_api.h; with attention dropout the portable ones, which recompute the seeded
+// keep mask per element). fp32 and fp64 inputs and other head dims take the composite path of attention.cpp
+// on the device: the kernels have no fp32 instantiation nor other head dims, and the composite path is the
+// reference the kernels are tested against. Neither path reads a value on the
 // host: each call checks the offsets on the device (in the tile schedule's launch on the kernel path,
 // validate_offsets elsewhere), which records the first invalid offset or num_targets value in the device
 // error record (raised as a RuntimeError by a later hipdlrm call or hipdlrm.synchronize()),
@@ -37,6 +38,7 @@ struct ProblemStorage {
   at::Tensor num_targets;
   at::Tensor scale_per_token;
   at::Tensor rab;
+  at::Tensor dropout_seed;
 };
 
 ka::HstuProblem make_problem(const at::Tensor& q, const HstuOptions& o, const HstuLayout& layout,
@@ -69,6 +71,12 @@ ka::HstuProblem make_problem(const at::Tensor& q, const HstuOptions& o, const Hs
     p.rab = storage.rab.data_ptr();
     p.rab_batch = static_cast<int>(storage.rab.size(0));
     p.rab_heads = static_cast<int>(storage.rab.size(1));
+  }
+  if (o.dropout_pr > 0.0) {
+    storage.dropout_seed = o.dropout_seed->to(at::kLong).contiguous();
+    p.dropout_seed = storage.dropout_seed.data_ptr<std::int64_t>();
+    p.dropout_threshold = dropout_threshold(o.dropout_pr);
+    p.dropout_scale = static_cast<float>(1.0 / (1.0 - o.dropout_pr));
   }
   p.dtype = q.scalar_type() == at::kHalf ? ka::ElemType::kFloat16 : ka::ElemType::kBFloat16;
   return p;
@@ -118,7 +126,7 @@ at::Tensor forward_gpu(std::int64_t max_seq_len, double alpha, const at::Tensor&
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
                                      min_full_attn_seq_len, dropout_pr, dropout_seed);
-  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2)) && dropout_pr == 0.0;
+  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
   const HstuLayout layout = check_forward(op, q, k, v, o, false);  // the values are checked on the device
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -161,7 +169,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, std::optional<at::Tensor>> backwa
   const HstuOptions o = make_options(max_seq_len, alpha, seq_offsets, causal, num_targets, attn_scale,
                                      attn_scale_per_token, max_attn_len, contextual_seq_len, rab,
                                      min_full_attn_seq_len, dropout_pr, dropout_seed);
-  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2)) && dropout_pr == 0.0;
+  const bool on_kernels = runs_on_kernels(q.scalar_type(), q.size(2), v.size(2));
   const HstuLayout layout = check_backward(op, grad_out, q, k, v, o, rab_requires_grad, false);
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
