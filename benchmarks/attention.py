@@ -37,6 +37,9 @@ Variants
   torch     the padded plain-PyTorch HSTU: S = alpha Q K^T, P = SiLU(S) / N masked (causal and padding),
             O = P V, with a precomputed [B, 1, N, N] mask; skipped, and said so, where its [B, H, N, N]
             intermediates would not fit in the device's free memory
+  hipdlrm+dropout  (--dropout P) hstu_mha_fwd with attention dropout P (a fixed seed), beside hipdlrm: its
+            "hipdlrm x" column is what dropout costs (on a GPU it runs the portable kernels, whatever the
+            head dim; docs/attention.md, "Dropout"); no targets
 Padding the inputs and building the mask happen before timing. Backward of every variant is
 torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True). Attention is compute-bound, so the L2
 is not flushed between iterations.
@@ -94,6 +97,7 @@ SMALL = dict(batch=8, heads=2, head_dims=[64], seq_lens=[128, 256], sparsities=[
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 HIP = "hipdlrm"
+HIP_DROPOUT = "hipdlrm+dropout"
 SDPA = "sdpa"
 TORCH = "torch"
 
@@ -298,10 +302,26 @@ def build_torch(wl: Workload, device: torch.device) -> Fns:
             lambda: torch.autograd.grad(out, (q, k, v), grad_out, retain_graph=True))
 
 
-def variant_builders(baselines: bool) -> Dict[str, Callable[[Workload, torch.device], Fns]]:
+def build_hipdlrm_dropout(p: float) -> Callable[[Workload, torch.device], Fns]:
+    def build(wl: Workload, device: torch.device) -> Fns:
+        q, k, v = (x.detach().requires_grad_() for x in (wl.q, wl.k, wl.v))
+        seed = torch.tensor([12345], dtype=torch.int64, device=device)
+
+        def fwd(q, k, v):
+            return torch.ops.hipdlrm.hstu_mha_fwd(wl.n_max, wl.alpha, q, k, v, wl.seq_offsets, True, None, None,
+                                                  None, 0, 0, None, 0, p, seed)
+        out = fwd(q, k, v)
+        return (lambda: fwd(q, k, v),
+                lambda: torch.autograd.grad(out, (q, k, v), wl.grad_out, retain_graph=True))
+    return build
+
+
+def variant_builders(baselines: bool, dropout: float = 0.0) -> Dict[str, Callable[[Workload, torch.device], Fns]]:
     builders: Dict[str, Callable[[Workload, torch.device], Fns]] = {}
     if HIPDLRM_ERROR is None:
         builders[HIP] = build_hipdlrm
+        if dropout > 0:
+            builders[HIP_DROPOUT] = build_hipdlrm_dropout(dropout)
     if baselines:
         builders[SDPA] = build_sdpa
         builders[TORCH] = build_torch
@@ -342,7 +362,7 @@ def measure(wl: Workload, builders, device, warmup: int, iters: int, progress: P
             sec = t["median_ms"] * 1e-3
             rows.append({**row, "ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
                          "tflops": flops[False][d] / sec / 1e12,
-                         "tflops_padded": flops[True][d] / sec / 1e12 if name != HIP else None,
+                         "tflops_padded": flops[True][d] / sec / 1e12 if name not in (HIP, HIP_DROPOUT) else None,
                          "min_bytes": min_bytes[d], "pct_copy": 100.0 * min_bytes[d] / sec / 1e9 / copy_gbs,
                          "copy_floor_ms": min_bytes[d] / (copy_gbs * 1e9) * 1e3})
         del fns
@@ -826,6 +846,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--pffn-kv-len", type=int, default=None,
                    help=f"gdpa: the dense key length of the PFFN shapes (default {GDPA_DEFAULT['pffn_kv_len']})")
     p.add_argument("--no-baselines", action="store_true", help="time hipdlrm only (no SDPA, no plain PyTorch)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="HSTU: also time hstu_mha with attention dropout of this probability (variant hipdlrm+dropout)")
     p.add_argument("--iters", type=int, default=None,
                    help="timed iterations (hstu: default 20 on cuda; gdpa: 20, 10 or 5 by size; 3 on cpu)")
     p.add_argument("--warmup", type=int, default=None,
@@ -838,6 +860,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.warmup is not None and args.warmup < 0:
         p.error("--warmup must be >= 0")
+    if not 0.0 <= args.dropout < 1.0:
+        p.error(f"--dropout must be in [0, 1), got {args.dropout}")
+    if args.op == "gdpa" and args.dropout > 0:
+        p.error("--dropout applies to --op hstu only (GDPA has no dropout)")
     if args.op != "gdpa":
         for name in GDPA_ONLY_FLAGS:
             if getattr(args, name) is not None:
@@ -875,7 +901,7 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
           f"exponential below (--help); {iters} iters after {warmup} warm-up")
     copy_gbs = copy_bandwidth_gbs(device)
     print(f"copy bandwidth anchor: {copy_gbs:.1f} GB/s (dst.copy_(src), read + write)")
-    per_case = 2 * (int(HIPDLRM_ERROR is None) + (0 if args.no_baselines else 2))
+    per_case = 2 * (int(HIPDLRM_ERROR is None) * (2 if args.dropout > 0 else 1) + (0 if args.no_baselines else 2))
     progress = Progress(per_case * len(cfg["head_dims"]) * len(cfg["seq_lens"]) * len(sparsities))
     rows: List[dict] = []
     for dim in cfg["head_dims"]:
@@ -884,8 +910,8 @@ def main_hstu(args: argparse.Namespace, device: torch.device) -> int:
                 wl = make_workload(cfg["batch"], cfg["heads"], dim, n_max, dtype, device, args.seed, sparsity)
                 if HIPDLRM_ERROR is None:
                     verify(wl, device)
-                rows += measure(wl, variant_builders(not args.no_baselines), device, warmup, iters, progress,
-                                copy_gbs)
+                rows += measure(wl, variant_builders(not args.no_baselines, args.dropout), device, warmup, iters,
+                                progress, copy_gbs)
                 del wl
     add_sparsity_ratios(rows)
 
