@@ -18,8 +18,9 @@
 // on them. dRab as in the portable kernel. The dQ conversion kernel is the portable one.
 //
 // Used where the wgmma forward is (sm90_kernels_available: compute capability 9.0, an sm_90a build,
-// max(dqk, dv) <= 128; and LaunchOptions::wgmma; not with attention dropout), at the forward's width (sm90_tile_dim: 64 or 128
-// columns, those past dqk and dv staged as zeros); elsewhere an empty stub that is never launched.
+// max(dqk, dv) <= 128; and LaunchOptions::wgmma; not with attention dropout), at the forward's width
+// (sm90_tile_dim: 64 or 128 columns, those past dqk and dv staged as zeros); elsewhere an empty stub that
+// is never launched.
 #pragma once
 
 #include <type_traits>

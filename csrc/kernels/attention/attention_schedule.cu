@@ -5,8 +5,9 @@
 // Block L lists the samples with exactly L blocks, in sample order, after every pair of the samples with
 // more: a block-wide sum gives where its level starts, and a block-wide scan over the samples each one's
 // rank within the level. With packing, level 1 lists groups of consecutive one-block samples whose rows
-// fit one block together (list_packed_level: a greedy walk per thread over a chunk of samples). Deterministic, no atomics; every block reads the batch's offsets twice (a few
-// thousand sequences: a few microseconds). One more block, when asked, checks the call's offsets
+// fit one block together (list_packed_level: a greedy walk per thread over a chunk of samples).
+// Deterministic, no atomics; every block reads the batch's offsets twice (a few thousand sequences: a few
+// microseconds). One more block, when asked, checks the call's offsets
 // (attention_offsets_check.h), so the kernel path launches no separate check. No AMD-specific choice: there
 // is no data reuse.
 #include "kernels/attention/attention_api.h"
