@@ -80,8 +80,8 @@ struct Sm90BwdConfig {
   static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + kBars + 1024;  // + 1024-byte alignment slack
 };
 
-// TMA tensor maps of q and dO as [rows][heads * kD]; `enabled` is 0 where TMA cannot describe them (then
-// every load is cp.async).
+// TMA tensor maps of q and dO ([rows][heads][head dim], gpu/tensor_map.h; columns past a head dim below kD
+// arrive as zeros); `enabled` is 0 where TMA cannot describe them (then every load is cp.async).
 struct Sm90BwdMaps {
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   CUtensorMap q, dout;
@@ -128,12 +128,12 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
     if (maps.enabled && row0 + kBM <= blk.rows.nq) {
       if (tid == 0) {
         gpu::mbar::arrive_expect_tx(qdo_full + stage, 2 * Cfg::kTileQ);
-        const int col = static_cast<int>(h) * kD;
+        const int hh = static_cast<int>(h);
         const int qrow = static_cast<int>(blk.rows.q0 + row0), orow = static_cast<int>(blk.rows.o0 + row0);
 #pragma unroll
         for (int c = 0; c < kColBlocks; ++c) {
-          gpu::mbar::tma_load_2d(q_s + c * kBlockQ, &maps.q, col + 64 * c, qrow, qdo_full + stage);
-          gpu::mbar::tma_load_2d(q_s + Cfg::kTileQ + c * kBlockQ, &maps.dout, col + 64 * c, orow, qdo_full + stage);
+          gpu::mbar::tma_load_3d(q_s + c * kBlockQ, &maps.q, 64 * c, hh, qrow, qdo_full + stage);
+          gpu::mbar::tma_load_3d(q_s + Cfg::kTileQ + c * kBlockQ, &maps.dout, 64 * c, hh, orow, qdo_full + stage);
         }
       }
       return true;
@@ -536,11 +536,11 @@ gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   {
     constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
-    const std::uint64_t cols = std::uint64_t(p.heads) * kD;
     // broadcast_q: dO has B x (the one query sequence) rows, a count the host does not hold.
-    maps.enabled = p.dqk == kD && p.dv == kD && !p.broadcast_q && p.total_tokens > 0 &&
-                   gpu::make_tma_map_2d(&maps.q, args.q, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM) &&
-                   gpu::make_tma_map_2d(&maps.dout, args.grad_out, kBf16, cols, p.total_tokens, cols, Cfg::kBlockM);
+    maps.enabled = !p.broadcast_q && p.total_tokens > 0 &&
+                   gpu::make_tma_map_heads(&maps.q, args.q, kBf16, p.dqk, p.heads, p.total_tokens, Cfg::kBlockM) &&
+                   gpu::make_tma_map_heads(&maps.dout, args.grad_out, kBf16, p.dv, p.heads, p.total_tokens,
+                                           Cfg::kBlockM);
   }
 #endif
   attention_backward_sm90_kernel<T, V, kLean, kD>

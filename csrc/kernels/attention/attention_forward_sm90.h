@@ -170,11 +170,12 @@ struct Sm90WsConfig {
   static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024 + 8 * kBarriers;
 };
 
-// TMA tensor maps of q, k and v as [rows][heads * kD]: with `enabled` the producer loads q tiles and the
-// k/v blocks that lie wholly inside their sequence with one thread's TMA copies (instead of every producer
-// thread's cp.async, which costs the producer issue slots and registers); the k/v block at a sequence's end
-// keeps cp.async (whose zero fill the mask-free tiles rely on). q rows past a sequence's end hold the next
-// sequence's rows under TMA: their output rows are never stored.
+// TMA tensor maps of q, k and v ([rows][heads][head dim], gpu/tensor_map.h; columns past a head dim below
+// kD arrive as zeros): with `enabled` the producer loads q tiles and the k/v blocks that lie wholly inside
+// their sequence with one thread's TMA copies (instead of every producer thread's cp.async, which costs the
+// producer issue slots and registers); the k/v block at a sequence's end keeps cp.async (whose zero fill
+// the mask-free tiles rely on). q rows past a sequence's end hold the next sequence's rows under TMA: their
+// output rows are never stored.
 struct Sm90TmaMaps {
 #if defined(HIPDLRM_HAS_TMA_MAPS)
   CUtensorMap q, k, v;
@@ -231,9 +232,10 @@ __global__ void __launch_bounds__(384, 1)
       if (maps.enabled) {
         if (tid == 0) {
           mb::arrive_expect_tx(q_full, Cfg::kTileQ);
-          const int col = fb.h * kD, row = static_cast<int>(fb.rows.q0 + fb.i0);
+          const int row = static_cast<int>(fb.rows.q0 + fb.i0);
 #pragma unroll
-          for (int c = 0; c < kColBlocks; ++c) mb::tma_load_2d(q_s + c * Cfg::kBlockQ, &maps.q, col + 64 * c, row, q_full);
+          for (int c = 0; c < kColBlocks; ++c)
+            mb::tma_load_3d(q_s + c * Cfg::kBlockQ, &maps.q, 64 * c, fb.h, row, q_full);
         } else {
           mb::arrive(q_full);
         }
@@ -254,11 +256,11 @@ __global__ void __launch_bounds__(384, 1)
         if (maps.enabled && row0 + kBN <= nkv) {
           if (tid == 0) {
             mb::arrive_expect_tx(full + s, 2 * Cfg::kTileKV);
-            const int col = fb.hk * kD, row = static_cast<int>(fb.rows.kv0 + row0);
+            const int row = static_cast<int>(fb.rows.kv0 + row0);
 #pragma unroll
             for (int c = 0; c < kColBlocks; ++c) {
-              mb::tma_load_2d(k_s + c * Cfg::kBlockKV, &maps.k, col + 64 * c, row, full + s);
-              mb::tma_load_2d(k_s + Cfg::kTileKV + c * Cfg::kBlockKV, &maps.v, col + 64 * c, row, full + s);
+              mb::tma_load_3d(k_s + c * Cfg::kBlockKV, &maps.k, 64 * c, fb.hk, row, full + s);
+              mb::tma_load_3d(k_s + Cfg::kTileKV + c * Cfg::kBlockKV, &maps.v, 64 * c, fb.hk, row, full + s);
             }
           } else {
             mb::arrive(full + s);
@@ -430,13 +432,10 @@ gpu::status_t launch_attention_forward_sm90_dim(const AttentionForwardArgs& args
     const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
     const std::int64_t lkv = p.total_kv_tokens > 0 ? p.total_kv_tokens : (p.kv_offsets == nullptr ? p.total_tokens : 0);
     constexpr bool kBf16 = std::is_same<T, gpu::bfloat16_t>::value;
-    maps.enabled = p.dqk == kD && p.dv == kD && lkv > 0 &&
-                   gpu::make_tma_map_2d(&maps.q, args.q, kBf16, std::uint64_t(p.heads) * kD, p.total_tokens,
-                                        std::uint64_t(p.heads) * kD, Cfg::kBlockM) &&
-                   gpu::make_tma_map_2d(&maps.k, args.k, kBf16, std::uint64_t(kv_heads) * kD, lkv,
-                                        std::uint64_t(kv_heads) * kD, kBN) &&
-                   gpu::make_tma_map_2d(&maps.v, args.v, kBf16, std::uint64_t(kv_heads) * kD, lkv,
-                                        std::uint64_t(kv_heads) * kD, kBN);
+    maps.enabled = lkv > 0 &&
+                   gpu::make_tma_map_heads(&maps.q, args.q, kBf16, p.dqk, p.heads, p.total_tokens, Cfg::kBlockM) &&
+                   gpu::make_tma_map_heads(&maps.k, args.k, kBf16, p.dqk, kv_heads, lkv, kBN) &&
+                   gpu::make_tma_map_heads(&maps.v, args.v, kBf16, p.dv, kv_heads, lkv, kBN);
   }
 #endif
   attention_forward_sm90_ws_kernel<T, V, kD><<<grid, Cfg::kThreads, Cfg::kSmem, stream>>>(args, maps);

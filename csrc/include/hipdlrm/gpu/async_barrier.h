@@ -59,13 +59,14 @@ HIPDLRM_DEVICE void arrive_expect_tx(std::uint64_t* bar, int bytes) {
                : "memory");
 }
 
-// TMA: the box at (column c0, row c1) of the 2D tensor map `map` (a __grid_constant__ kernel parameter) into
-// shared memory at `dst`, completing its bytes on `bar`.
-HIPDLRM_DEVICE void tma_load_2d(void* dst, const void* map, int c0, int c1, std::uint64_t* bar) {
+// TMA: the box at (column c0, head c1, row c2) of the 3D tensor map `map` (gpu/tensor_map.h; a
+// __grid_constant__ kernel parameter) into shared memory at `dst`, completing its bytes on `bar` (the whole
+// box's, zeros written outside the tensor included).
+HIPDLRM_DEVICE void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2, std::uint64_t* bar) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n" ::"r"(
-          smem_addr(dst)),
-      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], "
+      "[%5];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
       : "memory");
 }
 
