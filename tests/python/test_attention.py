@@ -766,11 +766,11 @@ def test_gpu_masks(case, dtype):
 
 @requires_gpu
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
-@pytest.mark.parametrize("dim", [16, 32, 64, 128])
+@pytest.mark.parametrize("dim", [16, 32, 64, 128, 256])
 @pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
 def test_gpu_masks_wgmma_head_dims(case, dim, dtype):
-    """Every mask option at the head dims of the Hopper (wgmma) kernels: 16 and 32 (run at 64 columns), 64
-    and 128."""
+    """Every mask option at the head dims of the Hopper (wgmma) kernels: 16 and 32 (run at 64 columns), 64,
+    128 and 256 (the forward; its backward is the portable kernel's)."""
     check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=dim, dv=dim))
 
 
@@ -785,21 +785,23 @@ def test_build_info_describes_the_build():
 @requires_gpu
 def test_gpu_kernel_choice():
     """On a compute-capability 9.0 GPU with the sm_90a kernels built (and HIPDLRM_DISABLE_WGMMA unset), head
-    dims 16 to 128 run the wgmma forward and backward; elsewhere (and at head dim 256) the portable ones."""
+    dims 16 to 128 run the wgmma forward and backward, head dim 256 the wgmma forward and the portable
+    backward; elsewhere the portable ones."""
     import os
     from torch.profiler import ProfilerActivity, profile
 
     hopper = torch.cuda.get_device_capability() == (9, 0)
     wgmma = (hopper and hipdlrm.build_info()["sm90a_kernels"]
              and os.environ.get("HIPDLRM_DISABLE_WGMMA", "0") in ("", "0"))
-    for d, expect_wgmma in ((128, wgmma), (64, wgmma), (32, wgmma), (16, wgmma), (256, False)):
+    for d, expect_fwd, expect_bwd in ((128, wgmma, wgmma), (64, wgmma, wgmma), (32, wgmma, wgmma),
+                                      (16, wgmma, wgmma), (256, wgmma, False)):
         q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         offsets = torch.tensor([0, 17, 40], device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             hipdlrm.hstu_mha(23, 1.0 / d, q, k, v, offsets).sum().backward()
             torch.cuda.synchronize()
         names = [e.key for e in prof.key_averages()]
-        for direction in ("forward", "backward"):
+        for direction, expect_wgmma in (("forward", expect_fwd), ("backward", expect_bwd)):
             # attention_forward_sm90_ws_kernel (warp-specialised forward) or attention_backward_sm90_kernel
             used = any(f"attention_{direction}_sm90_" in n for n in names)
             assert used == expect_wgmma, (d, direction, names)
@@ -914,10 +916,10 @@ PACKED_LENGTHS = ((1,) * 130 + (128, 64, 64, 127, 1, 0, 0, 50, 0, 78, 129, 3, 20
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
 @pytest.mark.parametrize("dim", [16, 32, 64, 128, 256])
 def test_gpu_packed_short_sequences(dim, dtype):
-    """HSTU self-attention under a plain causal mask, where the Hopper kernels (head dims up to 128) compute
-    consecutive short sequences as one tile with a block-diagonal mask (the portable ones, at 256 and with
-    HIPDLRM_DISABLE_WGMMA, each sample alone): against the oracle, forward and gradients; the same batch with
-    targets (not packed) alongside."""
+    """HSTU self-attention under a plain causal mask, where the Hopper kernels (the forward at every head dim
+    here, the backward up to 128) compute consecutive short sequences as one tile with a block-diagonal mask
+    (the portable ones, the backward at 256 and with HIPDLRM_DISABLE_WGMMA, each sample alone): against the
+    oracle, forward and gradients; the same batch with targets (not packed) alongside."""
     check_gpu_case(Case(lengths=PACKED_LENGTHS, max_seq_len=256, heads=2, dqk=dim, dv=dim, dtype=dtype),
                    broadcast_mask=True)
     check_gpu_case(Case(lengths=PACKED_LENGTHS, max_seq_len=256, heads=2, dqk=dim, dv=dim, dtype=dtype,

@@ -359,7 +359,7 @@ gpu::status_t dispatch_attention_backward(const AttentionBackwardArgs& args, con
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
 #if defined(HIPDLRM_PLATFORM_CUDA)
   if constexpr (!V::kDropout) {
-    if (options.wgmma && sm90_kernels_available(args.p)) {
+    if (options.wgmma && sm90_kernels_available(args.p, kSm90MaxBackwardDim)) {
       const bool bf16 = args.p.dtype == ElemType::kBFloat16;
       const gpu::status_t st = bf16 ? launch_attention_backward_sm90<gpu::bfloat16_t, V>(args, stream)
                                     : launch_attention_backward_sm90<gpu::half_t, V>(args, stream);

@@ -263,7 +263,7 @@ gpu::status_t dispatch_attention_forward(const AttentionForwardArgs& args, const
   const int d = args.p.dqk > args.p.dv ? args.p.dqk : args.p.dv;
 #if defined(HIPDLRM_PLATFORM_CUDA)
   if constexpr (!V::kDropout) {
-    if (options.wgmma && sm90_kernels_available(args.p)) {
+    if (options.wgmma && sm90_kernels_available(args.p, kSm90MaxForwardDim)) {
       return args.p.dtype == ElemType::kBFloat16 ? launch_attention_forward_sm90<gpu::bfloat16_t, V>(args, stream)
                                                  : launch_attention_forward_sm90<gpu::half_t, V>(args, stream);
     }

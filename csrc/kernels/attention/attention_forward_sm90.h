@@ -1,15 +1,15 @@
-// Hopper (sm_90a) forward of the pointwise-activation attention core at head dims 64 and 128 (HSTU and GDPA: the
-// same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma), warp-specialised
+// Hopper (sm_90a) forward of the pointwise-activation attention core at head dims 64, 128 and 256 (HSTU and GDPA:
+// the same variants, masks and arguments as attention_forward.h), on warpgroup MMA (wgmma), warp-specialised
 // and persistent (attention_forward_sm90_ws_kernel below: a producer warpgroup, mbarriers, two consumer
-// warpgroups taking turns). Per key block a consumer computes S[64 x 128] = q k^T with both operands read by
+// warpgroups taking turns). Per key block a consumer computes S[64 x kBN] = q k^T with both operands read by
 // wgmma from shared memory (kD / 16 k16 steps over the head dim), applies alpha, rab, the activation and the
 // mask to S in registers, packs it into the register A operand of O[64 x kD] += P v (v read from shared memory
 // in its natural [key][d] layout through the transposed-B descriptor), and O stays in registers until the
 // end. Masks skip whole key blocks as in the portable kernel; fully valid tiles take the mask-free path.
 // Tiles use the 128-byte swizzle (gpu/wgmma.h), written by cp.async or TMA with the same swizzle.
 //
-// Instantiated at head dims 64 and 128 (kD: tiles of one or two 64-column blocks); used for
-// max(dqk, dv) <= 128 (rounded up to kD, the columns past dqk and dv staged as zeros) on a
+// Instantiated at head dims 64, 128 and 256 (kD: tiles of one, two or four 64-column blocks); used for
+// max(dqk, dv) <= 256 (rounded up to kD, the columns past dqk and dv staged as zeros) on a
 // compute-capability 9.0 device when the extension was built for sm_90a (HIPDLRM_SM90A_KERNELS) and the
 // caller allows it (LaunchOptions::wgmma, attention_api.h).
 // Elsewhere the kernel is an empty stub that is never launched.
@@ -35,9 +35,9 @@ namespace attention {
 template <int kRows, int kThreads, int kD, typename T>
 HIPDLRM_DEVICE void stage_swizzled(unsigned char* tile, const T* base, std::int64_t row0, std::int64_t row_end,
                                    std::int64_t row_stride, int cols, int tid) {
-  static_assert(kD == 64 || kD == 128, "tiles of one or two 64-column blocks");
-  constexpr int kRowChunks = kD / 8;                 // 16-byte chunks of a row
-  constexpr int kShift = kD == 128 ? 4 : 3;
+  static_assert(kD == 64 || kD == 128 || kD == 256, "tiles of one, two or four 64-column blocks");
+  constexpr int kRowChunks = kD / 8;  // 16-byte chunks of a row
+  constexpr int kShift = kD == 256 ? 5 : (kD == 128 ? 4 : 3);
   constexpr int kChunks = kRows * kRowChunks;
   for (int c = tid; c < kChunks; c += kThreads) {
     const int r = c >> kShift, chunk = c & (kRowChunks - 1);
@@ -151,20 +151,23 @@ HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleR
 //     one's activation also overlaps the other's matrix work. A tile of n key blocks is n + 1 turns for both
 //     consumers; both compute S for every key block of the tile's list (the mask zeroes what is outside a
 //     consumer's rows), so that the turns stay balanced and the wgmma issues need no branch.
-// Key blocks of 128 for both ops: with the activation hidden behind the other consumer's matrix work, the
-// larger block's fewer turns and hand-offs outweigh the extra work it does on HSTU's causal diagonal.
+// Key blocks of 128 for both ops at head dims 64 and 128: with the activation hidden behind the other
+// consumer's matrix work, the larger block's fewer turns and hand-offs outweigh the extra work it does on
+// HSTU's causal diagonal. At head dim 256 a consumer's O is 128 fp32 registers, and the 64 KB q tile and
+// two stages of k/v fill the shared memory, so key blocks are 64 (S in 32 registers) and the ring has two
+// stages.
 // Tiles come in the order of gpu::snake_tile (gpu/launch.h; every other round of gridDim.x tiles
 // reversed), so that under a causal mask, where the query blocks of one (sample, head) range from one key
 // block to all of them, a block that got a long tile in one round gets a short one in the next.
 // No __syncthreads in the loop: every hand-off is an mbarrier phase.
-// Head dims 64 and 128 (the larger of dqk and dv rounded up; columns past it staged as zeros): tiles of
+// Head dims 64, 128 and 256 (the larger of dqk and dv rounded up; columns past it staged as zeros): tiles of
 // kD / 64 blocks of 64 columns (128-byte lines).
 template <int D>
 struct Sm90WsConfig {
-  static constexpr int kD = D, kBlockM = 128, kBlockN = 128, kThreads = 384;
+  static constexpr int kD = D, kBlockM = 128, kBlockN = D == 256 ? 64 : 128, kThreads = 384;
   static constexpr int kTileQ = kBlockM * kD * 2, kTileKV = kBlockN * kD * 2;
   static constexpr int kBlockQ = kBlockM * 128, kBlockKV = kBlockN * 128;  // bytes of one 64-column block
-  static constexpr int kStages = 3;
+  static constexpr int kStages = D == 256 ? 2 : 3;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   static constexpr int kBarriers = 2 + 2 * kStages;  // q full / empty, then full / empty per stage
   static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024 + 8 * kBarriers;
@@ -395,22 +398,31 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// Whether the wgmma kernels can serve this problem on the current device: an sm_90a build, a
-// compute-capability 9.0 device and a head dim (the larger of dqk and dv) up to 128, which both run at 64
-// or 128 columns (sm90_tile_dim), those past dqk and dv staged as zeros. Whether they may is the caller's
-// choice (LaunchOptions::wgmma). Attention dropout runs on the portable kernels (HstuDropoutVariant).
-inline bool sm90_kernels_available(const AttentionProblem& p) {
+// The largest head dim (max(dqk, dv)) of the wgmma forward (256) and backward (128: at 256 its dK and dV
+// accumulators would not fit the registers).
+constexpr int kSm90MaxForwardDim = 256, kSm90MaxBackwardDim = 128;
+
+// Whether the wgmma kernel of a direction can serve this problem on the current device: an sm_90a build, a
+// compute-capability 9.0 device and a head dim (the larger of dqk and dv) up to the direction's maximum,
+// run at 64, 128 or 256 columns (sm90_tile_dim), those past dqk and dv staged as zeros. Whether they may is
+// the caller's choice (LaunchOptions::wgmma). Attention dropout runs on the portable kernels
+// (HstuDropoutVariant).
+inline bool sm90_kernels_available(const AttentionProblem& p, int max_dim) {
 #if defined(HIPDLRM_SM90A_KERNELS)
   const int d = p.dqk > p.dv ? p.dqk : p.dv;
-  if (d > 128) return false;
+  if (d > max_dim) return false;
   return gpu::device_compute_capability(gpu::current_device()) == 90;
 #else
   (void)p;
+  (void)max_dim;
   return false;
 #endif
 }
-// The columns both wgmma kernels run a problem at: the narrowest tile width that holds max(dqk, dv).
-inline int sm90_tile_dim(const AttentionProblem& p) { return (p.dqk > p.dv ? p.dqk : p.dv) <= 64 ? 64 : 128; }
+// The columns the wgmma kernels run a problem at: the narrowest tile width that holds max(dqk, dv).
+inline int sm90_tile_dim(const AttentionProblem& p) {
+  const int d = p.dqk > p.dv ? p.dqk : p.dv;
+  return d <= 64 ? 64 : (d <= 128 ? 128 : 256);
+}
 
 template <typename T, class V, int kD>
 gpu::status_t launch_attention_forward_sm90_dim(const AttentionForwardArgs& args, gpu::stream_t stream) {
@@ -444,8 +456,14 @@ gpu::status_t launch_attention_forward_sm90_dim(const AttentionForwardArgs& args
 
 template <typename T, class V>
 gpu::status_t launch_attention_forward_sm90(const AttentionForwardArgs& args, gpu::stream_t stream) {
-  return sm90_tile_dim(args.p) == 64 ? launch_attention_forward_sm90_dim<T, V, 64>(args, stream)
-                                     : launch_attention_forward_sm90_dim<T, V, 128>(args, stream);
+  switch (sm90_tile_dim(args.p)) {
+    case 64:
+      return launch_attention_forward_sm90_dim<T, V, 64>(args, stream);
+    case 128:
+      return launch_attention_forward_sm90_dim<T, V, 128>(args, stream);
+    default:
+      return launch_attention_forward_sm90_dim<T, V, 256>(args, stream);
+  }
 }
 
 #endif  // HIPDLRM_PLATFORM_CUDA
