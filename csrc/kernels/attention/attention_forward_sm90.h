@@ -143,8 +143,8 @@ HIPDLRM_DEVICE void sm90_store_o(const AttentionForwardArgs& args, const SampleR
 //   warpgroup 0, the producer (40 registers after setmaxnreg): stages q and the k/v blocks (TMA where a
 //     block lies wholly inside its sequence, else cp.async) into a q buffer and a ring of kStages k/v
 //     stages, each fill announced on an mbarrier when its copies land (gpu/async_barrier.h); it refills a
-//     stage once both consumers released it, and loads the next tile's q while the consumers finish the
-//     current tile.
+//     stage once both consumers released it (from 128 columns on k and v of a stage apart: k after S(j),
+//     v after P(j) v), and loads the next tile's q while the consumers finish the current tile.
 //   warpgroups 1 and 2, the consumers (232 registers), 64 query rows each: per key block j a turn issues
 //     S(j) = q k^T and then O += P(j-1) v (the previous block's P, packed in registers), so the activation of
 //     S(j) runs while the tensor cores compute P(j-1) v; the two consumers take turns (named barriers) so
@@ -169,7 +169,13 @@ struct Sm90WsConfig {
   static constexpr int kBlockQ = kBlockM * 128, kBlockKV = kBlockN * 128;  // bytes of one 64-column block
   static constexpr int kStages = D == 256 ? 2 : 3;
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
-  static constexpr int kBarriers = 2 + 2 * kStages;  // q full / empty, then full / empty per stage
+  // From 128 columns on, a stage's k and v fill and drain apart (k is free once S(j) is computed, v once
+  // P(j) v is), so the next loads start a product earlier; at 64 columns, where a key block's products are
+  // short, the extra waits and arrivals cost more than that lead buys (docs/attention.md), and one pair of
+  // barriers covers both.
+  static constexpr bool kSplitKV = D >= 128;
+  // q full / empty, then per stage k full / empty (and v full / empty where they are split)
+  static constexpr int kBarriers = 2 + (kSplitKV ? 4 : 2) * kStages;
   static constexpr int kSmem = kTileQ + kStages * 2 * kTileKV + 1024 + 8 * kBarriers;
 };
 
@@ -206,15 +212,23 @@ __global__ void __launch_bounds__(384, 1)
   std::uint64_t* const bars = reinterpret_cast<std::uint64_t*>(kv_s + kStages * 2 * Cfg::kTileKV);
   std::uint64_t* const q_full = bars;
   std::uint64_t* const q_empty = bars + 1;
-  std::uint64_t* const full = bars + 2;
-  std::uint64_t* const empty = bars + 2 + kStages;
+  // With split rings v has its own barriers; otherwise v's are k's, which then stand for the whole stage.
+  constexpr bool kSplit = Cfg::kSplitKV;
+  std::uint64_t* const k_full = bars + 2;
+  std::uint64_t* const k_empty = bars + 2 + kStages;
+  std::uint64_t* const v_full = kSplit ? bars + 2 + 2 * kStages : k_full;
+  std::uint64_t* const v_empty = kSplit ? bars + 2 + 3 * kStages : k_empty;
   const int tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
     mb::init(q_full, 128);  // one cp.async arrival per producer thread
     mb::init(q_empty, 8);   // one arrival per consumer warp
     for (int s = 0; s < kStages; ++s) {
-      mb::init(full + s, 128);
-      mb::init(empty + s, 8);
+      mb::init(k_full + s, 128);
+      mb::init(k_empty + s, 8);
+      if (kSplit) {
+        mb::init(v_full + s, 128);
+        mb::init(v_empty + s, 8);
+      }
     }
   }
   __syncthreads();
@@ -251,31 +265,48 @@ __global__ void __launch_bounds__(384, 1)
       ++q_fills;
       for (int jb = 0; jb < num_kblocks; ++jb) {
         if (!fb.mask.tile_any(fb.i0, fb.i0 + Cfg::kBlockM, jb * kBN, jb * kBN + kBN)) continue;
-        const int s = fills % kStages;
-        mb::wait(empty + s, ((fills / kStages) & 1) ^ 1);
+        const int s = fills % kStages, empty_phase = ((fills / kStages) & 1) ^ 1;
         unsigned char* const k_s = stage_ptr(s);
+        unsigned char* const v_s = k_s + Cfg::kTileKV;
         const std::int64_t row0 = static_cast<std::int64_t>(jb) * kBN;
+        ++fills;
 #if defined(HIPDLRM_HAS_TMA_MAPS)
         if (maps.enabled && row0 + kBN <= nkv) {
-          if (tid == 0) {
-            mb::arrive_expect_tx(full + s, 2 * Cfg::kTileKV);
-            const int row = static_cast<int>(fb.rows.kv0 + row0);
+          const int row = static_cast<int>(fb.rows.kv0 + row0);
+          auto load = [&](unsigned char* dst, const auto& map, std::uint64_t* full) {
 #pragma unroll
-            for (int c = 0; c < kColBlocks; ++c) {
-              mb::tma_load_3d(k_s + c * Cfg::kBlockKV, &maps.k, 64 * c, fb.hk, row, full + s);
-              mb::tma_load_3d(k_s + Cfg::kTileKV + c * Cfg::kBlockKV, &maps.v, 64 * c, fb.hk, row, full + s);
-            }
+            for (int c = 0; c < kColBlocks; ++c) mb::tma_load_3d(dst + c * Cfg::kBlockKV, &map, 64 * c, fb.hk, row, full);
+          };
+          mb::wait(k_empty + s, empty_phase);
+          if (tid == 0) {
+            mb::arrive_expect_tx(k_full + s, (kSplit ? 1 : 2) * Cfg::kTileKV);
+            load(k_s, maps.k, k_full + s);
+            if (!kSplit) load(v_s, maps.v, k_full + s);
           } else {
-            mb::arrive(full + s);
+            mb::arrive(k_full + s);
           }
-          ++fills;
+          if (kSplit) {
+            mb::wait(v_empty + s, empty_phase);
+            if (tid == 0) {
+              mb::arrive_expect_tx(v_full + s, Cfg::kTileKV);
+              load(v_s, maps.v, v_full + s);
+            } else {
+              mb::arrive(v_full + s);
+            }
+          }
           continue;
         }
 #endif
+        // cp.async: an arrival counts the thread's copies issued before it, so k's barrier completes with
+        // k's copies and v's with both.
+        mb::wait(k_empty + s, empty_phase);
         stage_swizzled<kBN, 128, kD>(k_s, fb.kg, row0, nkv, fb.k_stride, p.dqk, tid);
-        stage_swizzled<kBN, 128, kD>(k_s + Cfg::kTileKV, fb.vg, row0, nkv, fb.v_stride, p.dv, tid);
-        mb::arrive_when_copies_land(full + s);
-        ++fills;
+        if (kSplit) {
+          mb::arrive_when_copies_land(k_full + s);
+          mb::wait(v_empty + s, empty_phase);
+        }
+        stage_swizzled<kBN, 128, kD>(v_s, fb.vg, row0, nkv, fb.v_stride, p.dv, tid);
+        mb::arrive_when_copies_land(v_full + s);
       }
     }
     stage_commit();
@@ -344,7 +375,7 @@ __global__ void __launch_bounds__(384, 1)
       std::uint32_t pa[kPSteps][4];
       float s[kSRegs];
       int stage = fills % kStages;
-      mb::wait(full + stage, (fills / kStages) & 1);
+      mb::wait(k_full + stage, (fills / kStages) & 1);
       wg::fence_smem_for_async();
       int jn = next_block(jb + 1);
       mb::named_sync(my_turn, 256);
@@ -353,15 +384,17 @@ __global__ void __launch_bounds__(384, 1)
       mb::named_arrive(other_turn, 256);
       wg::wait<0>();
       wg::fence_regs(s);
+      if (kSplit) release(k_empty + stage);
       if (jn >= num_kblocks) release(q_empty);
       scores.apply(s, jb * kBN);
       scores.pack(s, pa);
       while (jn < num_kblocks) {
-        const int prev = stage;
+        const int prev = stage, prev_phase = (fills / kStages) & 1;
         ++fills;
         jb = jn;
         stage = fills % kStages;
-        mb::wait(full + stage, (fills / kStages) & 1);
+        mb::wait(k_full + stage, (fills / kStages) & 1);
+        if (kSplit) mb::wait(v_full + prev, prev_phase);
         wg::fence_smem_for_async();
         jn = next_block(jb + 1);
         mb::named_sync(my_turn, 256);
@@ -370,14 +403,19 @@ __global__ void __launch_bounds__(384, 1)
         wg::fence_regs(o);
         issue_pv(pa, prev);
         mb::named_arrive(other_turn, 256);
-        wg::wait<1>();  // S(jb) done
+        wg::wait<1>();  // S(jb) done: this stage's k is free (if split)
         wg::fence_regs(s);
+        if (kSplit) release(k_empty + stage);
         if (jn >= num_kblocks) release(q_empty);
         scores.apply(s, jb * kBN);
-        wg::wait<0>();  // P(prev) v done: pa and the previous stage are free
+        wg::wait<0>();  // P(prev) v done: pa and the previous stage's v (the whole stage unless split) are free
         wg::fence_regs(o);
-        release(empty + prev);
+        release(v_empty + prev);
         scores.pack(s, pa);
+      }
+      if (kSplit) {
+        mb::wait(v_full + stage, (fills / kStages) & 1);
+        wg::fence_smem_for_async();
       }
       mb::named_sync(my_turn, 256);
       wg::fence();
@@ -386,7 +424,7 @@ __global__ void __launch_bounds__(384, 1)
       mb::named_arrive(other_turn, 256);
       wg::wait<0>();
       wg::fence_regs(o);
-      release(empty + stage);
+      release(v_empty + stage);
       ++fills;
     }
 
