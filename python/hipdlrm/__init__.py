@@ -20,7 +20,7 @@ def build_info() -> dict:
     """What this build of the library contains: ``gpu_backend`` ("cpu", "cuda" or "rocm") and
     ``sm90a_kernels`` (whether the Hopper wgmma attention kernels were compiled, i.e. the CUDA targets
     were built as 9.0a). On a Hopper GPU with ``sm90a_kernels``, attention at head dims (the larger of
-    Dqk and Dv) up to 256 uses the wgmma forward, and up to 128 the wgmma backward, unless
+    Dqk and Dv) up to 256 uses the wgmma forward and backward, unless
     ``HIPDLRM_DISABLE_WGMMA=1`` is set; other head dims, GPUs and attention dropout use the portable
     kernels (or the composite path)."""
     return {"gpu_backend": _C.gpu_backend, "sm90a_kernels": bool(_C.sm90a_kernels)}

@@ -770,7 +770,7 @@ def test_gpu_masks(case, dtype):
 @pytest.mark.parametrize("case", GPU_MASK_CASES, ids=lambda c: c.label())
 def test_gpu_masks_wgmma_head_dims(case, dim, dtype):
     """Every mask option at the head dims of the Hopper (wgmma) kernels: 16 and 32 (run at 64 columns), 64,
-    128 and 256 (the forward; its backward is the portable kernel's)."""
+    128 and 256 (its backward with the warpgroups splitting the head dim)."""
     check_gpu_case(dataclasses.replace(case, dtype=dtype, dqk=dim, dv=dim))
 
 
@@ -785,8 +785,7 @@ def test_build_info_describes_the_build():
 @requires_gpu
 def test_gpu_kernel_choice():
     """On a compute-capability 9.0 GPU with the sm_90a kernels built (and HIPDLRM_DISABLE_WGMMA unset), head
-    dims 16 to 128 run the wgmma forward and backward, head dim 256 the wgmma forward and the portable
-    backward; elsewhere the portable ones."""
+    dims 16 to 256 run the wgmma forward and backward; elsewhere the portable ones."""
     import os
     from torch.profiler import ProfilerActivity, profile
 
@@ -794,7 +793,7 @@ def test_gpu_kernel_choice():
     wgmma = (hopper and hipdlrm.build_info()["sm90a_kernels"]
              and os.environ.get("HIPDLRM_DISABLE_WGMMA", "0") in ("", "0"))
     for d, expect_fwd, expect_bwd in ((128, wgmma, wgmma), (64, wgmma, wgmma), (32, wgmma, wgmma),
-                                      (16, wgmma, wgmma), (256, wgmma, False)):
+                                      (16, wgmma, wgmma), (256, wgmma, wgmma)):
         q, k, v = (torch.randn(40, 2, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         offsets = torch.tensor([0, 17, 40], device="cuda")
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -917,8 +916,8 @@ PACKED_LENGTHS = ((1,) * 130 + (128, 64, 64, 127, 1, 0, 0, 50, 0, 78, 129, 3, 20
 @pytest.mark.parametrize("dim", [16, 32, 64, 128, 256])
 def test_gpu_packed_short_sequences(dim, dtype):
     """HSTU self-attention under a plain causal mask, where the Hopper kernels (the forward at every head dim
-    here, the backward up to 128) compute consecutive short sequences as one tile with a block-diagonal mask
-    (the portable ones, the backward at 256 and with HIPDLRM_DISABLE_WGMMA, each sample alone): against the
+    here, the backward too: 64-key blocks at 256) compute consecutive short sequences as one tile with a
+    block-diagonal mask (the portable ones, with HIPDLRM_DISABLE_WGMMA, each sample alone): against the
     oracle, forward and gradients; the same batch with targets (not packed) alongside."""
     check_gpu_case(Case(lengths=PACKED_LENGTHS, max_seq_len=256, heads=2, dqk=dim, dv=dim, dtype=dtype),
                    broadcast_mask=True)

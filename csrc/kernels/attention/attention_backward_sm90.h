@@ -1,5 +1,5 @@
-// Hopper (sm_90a) backward of the pointwise-activation attention core at head dims 64 and 128 (HSTU and GDPA: the
-// same variants, masks, arguments and outputs as attention_backward.h), on warpgroup MMA (wgmma).
+// Hopper (sm_90a) backward of the pointwise-activation attention core at head dims 64, 128 and 256 (HSTU and GDPA:
+// the same variants, masks, arguments and outputs as attention_backward.h), on warpgroup MMA (wgmma).
 //
 // One block of two warpgroups per (sample, kv head, 128 keys); warpgroup w owns keys [64 w, 64 w + 64) of
 // the block. k and v are staged once; the steps are the portable kernel's (query head, 64-query block) steps,
@@ -17,10 +17,15 @@
 // (vector red.add of pairs). dK and dV stay in registers for the whole walk and are stored once: no atomics
 // on them. dRab as in the portable kernel. The dQ conversion kernel is the portable one.
 //
+// Head dim 256 (kColSplit): a warpgroup's dK and dV over all 256 columns would take 256 registers per thread,
+// so a block has 64 keys, both warpgroups compute S^T and dP^T of all of them (the same values), and warpgroup
+// w accumulates dK, dV and dQ of head-dim half w (128 columns): the registers of the 128-column kernel, for
+// S^T and dP^T computed twice (5 of every 7 products useful).
+//
 // Used where the wgmma forward is (sm90_kernels_available: compute capability 9.0, an sm_90a build,
-// max(dqk, dv) <= 128; and LaunchOptions::wgmma; not with attention dropout), at the forward's width
-// (sm90_tile_dim: 64 or 128 columns, those past dqk and dv staged as zeros); elsewhere an empty stub that
-// is never launched.
+// max(dqk, dv) <= 256; and LaunchOptions::wgmma; not with attention dropout), at the forward's width
+// (sm90_tile_dim: 64, 128 or 256 columns, those past dqk and dv staged as zeros); elsewhere an empty stub
+// that is never launched.
 #pragma once
 
 #include <type_traits>
@@ -62,13 +67,17 @@ namespace attention {
 //   memory traffic, so not for the L2 reuse it was tried for; why is not established.
 // - One block per tile. A persistent grid that prefetched the next tile's k / v and first q / dO measured
 //   slower at every step, not only at the tile boundaries.
-// Head dims 64 and 128 (the larger of dqk and dv rounded up; columns past dqk and dv staged as zeros): k, v,
+// Head dims 64, 128 and 256 (the larger of dqk and dv rounded up; columns past dqk and dv staged as zeros): k, v,
 // q and dO tiles of kD / 64 blocks of 64 columns. At 64 the dQ = dS k of a step is one warpgroup's (the
 // other has no head-dim half to compute).
 template <int D>
 struct Sm90BwdConfig {
   static constexpr int kD = D;
-  static constexpr int kBlockN = 128;  // keys per block (64 per warpgroup)
+  static constexpr bool kColSplit = D == 256;  // the warpgroups split the head dim, not the keys (above)
+  static constexpr int kBlockN = kColSplit ? 64 : 128;  // keys per block (64 per warpgroup, or 64 shared)
+  static constexpr int kWgKeys = kColSplit ? 0 : 64;     // warpgroup w's first key in the block: kWgKeys w
+  static constexpr int kAccCols = kColSplit ? 128 : D;   // dK / dV columns a warpgroup accumulates
+  static constexpr int kDqCols = kColSplit ? 128 : 64;   // dQ columns a warpgroup computes per step
   static constexpr int kBlockM = 64;   // queries per step
   static constexpr int kThreads = 256;
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
@@ -117,7 +126,9 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
   const int tid = static_cast<int>(threadIdx.x);
   const std::int64_t num_tiles = backward_programs<V>(args, 1);  // the grid is the schedule's capacity
   const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int kr0 = 64 * wgi + 16 * warp + g;  // this thread's key lines in the block: kr0 and kr0 + 8
+  const int kr0 = Cfg::kWgKeys * wgi + 16 * warp + g;  // this thread's key lines in the block: kr0 and kr0 + 8
+  // The first 64-column block of this warpgroup's dK / dV columns (kAccCols) and of its dQ columns (kDqCols).
+  const int acc_block = Cfg::kColSplit ? 2 * wgi : 0, dq_block = (Cfg::kDqCols / 64) * wgi;
   using Block = BackwardBlock<T, V, kBM, kBN>;
   // Stages q and dO of step t of tile `blk` into `stage`; returns whether they come by TMA (then the stage's
   // mbarrier completes once they landed; else by this thread's cp.async, zero-filled past the sequence end).
@@ -204,7 +215,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
     const T* const rab = kLean ? nullptr : bb.rab;
     float* const grad_rab = kLean ? nullptr : bb.grad_rab;
     const float* const scale_per_token = kLean ? nullptr : bb.scale_per_token;
-    const int kw0 = j0 + 64 * wgi;  // this warpgroup's first key
+    const int kw0 = j0 + Cfg::kWgKeys * wgi;  // this warpgroup's first key
     // A packed group: one past the last row of the sequence of this thread's keys (packed_seq_end); else nq.
     const bool packed = bb.pack_last >= 0;
     const int hi0 = packed ? packed_seq_end(p.seq_offsets, bb.b, bb.pack_last, j0 + kr0) : nq;
@@ -229,9 +240,10 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
     __syncthreads();
     if (tid == 0) ctl.pref_t = -1;  // read by every thread above, before this barrier
 
-    float dk[kD / 2], dv[kD / 2];
+    constexpr int kAcc = Cfg::kAccCols / 2;
+    float dk[kAcc], dv[kAcc];
 #pragma unroll
-    for (int e = 0; e < kD / 2; ++e) {
+    for (int e = 0; e < kAcc; ++e) {
       dk[e] = 0.0f;
       dv[e] = 0.0f;
     }
@@ -247,12 +259,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
       const int i0 = bb.qb_of(t) * kBM;
       const std::int64_t h = bb.head_of(t);
       // wgmma descriptors of this step's operands, built once; each k16 slice adds its offset (desc_add).
-      const std::uint64_t desc_k = wg::desc(k_s + 64 * wgi * 128, 16, 1024);
-      const std::uint64_t desc_v = wg::desc(v_s + 64 * wgi * 128, 16, 1024);
+      const std::uint64_t desc_k = wg::desc(k_s + Cfg::kWgKeys * wgi * 128, 16, 1024);
+      const std::uint64_t desc_v = wg::desc(v_s + Cfg::kWgKeys * wgi * 128, 16, 1024);
       const std::uint64_t desc_q = wg::desc(q_s, 16, 1024), desc_do = wg::desc(do_s, 16, 1024);
-      const std::uint64_t desc_q_t = wg::desc(q_s, kBlockQ, 1024), desc_do_t = wg::desc(do_s, kBlockQ, 1024);
+      const std::uint64_t desc_q_t = wg::desc(q_s + acc_block * kBlockQ, kBlockQ, 1024);
+      const std::uint64_t desc_do_t = wg::desc(do_s + acc_block * kBlockQ, kBlockQ, 1024);
       const std::uint64_t desc_ds = wg::desc(ds_s, Cfg::kTileS, 1024);
-      const std::uint64_t desc_k_t = wg::desc(k_s + wgi * kBlockK, kBlockK, 1024);
+      const std::uint64_t desc_k_t = wg::desc(k_s + dq_block * kBlockK, kBlockK, 1024);
 
       const bool inside_seq = !V::kHstu || (i0 + kBM <= nq && kw0 + 64 <= nkv);
       const bool full = inside_seq && rab == nullptr && !packed && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
@@ -268,7 +281,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         wg::fence();
         wg::fence_regs(dk);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::RS<kD, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
+        for (int kk = 0; kk < 4; ++kk)
+          wg::RS<Cfg::kAccCols, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
         wg::commit();
       };
       if (live) {
@@ -340,7 +354,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         wg::fence();
         wg::fence_regs(dv);
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wg::RS<kD, kBf16>::run(dv, pp[kk], wg::desc_add(desc_do_t, 16 * kk * 128));
+        for (int kk = 0; kk < 4; ++kk)
+          wg::RS<Cfg::kAccCols, kBf16>::run(dv, pp[kk], wg::desc_add(desc_do_t, 16 * kk * 128));
         wg::commit();
         wg::wait<1>();
         wg::fence_regs(dpt);
@@ -351,8 +366,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
             const int e = 8 * kk + 2 * r;
             px[kk][r] = Mma::pack2(dpt[e] * st[e], dpt[e + 1] * st[e + 1]);
           }
-        // dRab = dX of the valid elements (st is zero elsewhere).
-        if (!kLean && !full && grad_rab != nullptr) {
+        // dRab = dX of the valid elements (st is zero elsewhere); under kColSplit warpgroup 0's (both hold it).
+        if (!kLean && !full && grad_rab != nullptr && (!Cfg::kColSplit || wgi == 0)) {
 #pragma unroll
           for (int e = 0; e < 32; ++e) {
             const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
@@ -374,26 +389,30 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
 #pragma unroll
           for (int r = 0; r < 4; ++r) px[kk][r] = 0u;
       }
-      // dX^T into ds_s: [128 key lines][64 queries], swizzled; register (kk, r) holds key line kr0 + 8 (r & 1),
+      // dX^T into ds_s: [kBN key lines][64 queries], swizzled; register (kk, r) holds key line kr0 + 8 (r & 1),
       // queries 16 kk + 8 (r >> 1) + 2 t4 and the next one (chunk 2 kk + (r >> 1), byte 4 t4 of the chunk).
+      // Under kColSplit both warpgroups hold the same dX^T: warpgroup 0 writes it.
+      if (!Cfg::kColSplit || wgi == 0) {
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
+        for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int line = kr0 + 8 * (r & 1);
-          *reinterpret_cast<std::uint32_t*>(ds_s + wg::swizzled_offset(line, 2 * kk + (r >> 1), kBN) + 4 * t4) =
-              px[kk][r];
-        }
+          for (int r = 0; r < 4; ++r) {
+            const int line = kr0 + 8 * (r & 1);
+            *reinterpret_cast<std::uint32_t*>(ds_s + wg::swizzled_offset(line, 2 * kk + (r >> 1), kBN) + 4 * t4) =
+                px[kk][r];
+          }
+      }
       wg::fence_smem_for_async();
       __syncthreads();  // dS complete
-      // dQ[64 q x 64 d] of head-dim half wgi = dS k over the 128 keys.
-      if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && 64 * wgi < p.dqk && 64 * wgi < kD) {
-        float dq[32];
+      // dQ[64 q x kDqCols d] of head-dim part wgi = dS k over the block's keys.
+      constexpr int kDq = Cfg::kDqCols;
+      if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && kDq * wgi < p.dqk && kDq * wgi < kD) {
+        float dq[kDq / 2];
         wg::fence();
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          wg::SST<64, kBf16>::run(dq, wg::desc_add(desc_ds, 16 * kk * 128), wg::desc_add(desc_k_t, 16 * kk * 128),
-                                  kk > 0 ? 1 : 0);
+        for (int kk = 0; kk < kBN / 16; ++kk) {
+          wg::SST<kDq, kBf16>::run(dq, wg::desc_add(desc_ds, 16 * kk * 128), wg::desc_add(desc_k_t, 16 * kk * 128),
+                                   kk > 0 ? 1 : 0);
         }
         wg::commit();
         if (kDkLate && live) {  // dK after dQ: the dQ reductions below are issued while dK computes
@@ -408,7 +427,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         // One base address per row and immediate offsets (a reduction's operand registers stay locked until
         // the memory unit has read them: addresses recomputed into the same registers serialised the 16
         // reductions of a step). Head dims below 128 drop the pairs past dqk, at the cost of that ordering.
-        const int c0 = 64 * wgi + 2 * t4;
+        const int c0 = kDq * wgi + 2 * t4;
         float* const dqa = bb.dqa0 + h * p.dqk + c0;
         const bool all_cols = p.dqk == kD;
         // Both rows' addresses before the first reduction: nothing is computed between them.
@@ -421,13 +440,13 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
             float* const row = rows2[half];
             if (all_cols) {
 #pragma unroll
-              for (int jj = 0; jj < 8; ++jj) {
+              for (int jj = 0; jj < kDq / 8; ++jj) {
                 const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
                 gpu::atomic_add_vec<2>(row + 8 * jj, vals);
               }
             } else {
 #pragma unroll
-              for (int jj = 0; jj < 8; ++jj) {
+              for (int jj = 0; jj < kDq / 8; ++jj) {
                 const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
                 if (c0 + 8 * jj < p.dqk) gpu::atomic_add_vec<2>(row + 8 * jj, vals);
               }
@@ -494,8 +513,8 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         const int j = j0 + kr0 + 8 * half;
         if (j < nkv) {
 #pragma unroll
-          for (int jj = 0; jj < kD / 8; ++jj) {
-            const int col = 8 * jj + 2 * t4;
+          for (int jj = 0; jj < Cfg::kAccCols / 8; ++jj) {
+            const int col = 64 * acc_block + 8 * jj + 2 * t4;
             if (col < p.dqk) {
               *reinterpret_cast<std::uint32_t*>(gk + static_cast<std::int64_t>(j) * k_stride + col) =
                   Mma::pack2(alpha_out * dk[4 * jj + 2 * half], alpha_out * dk[4 * jj + 2 * half + 1]);
@@ -558,12 +577,17 @@ inline bool sm90_backward_is_lean(const AttentionProblem& p, bool hstu) {
 template <typename T, class V>
 gpu::status_t launch_attention_backward_sm90(const AttentionBackwardArgs& args, gpu::stream_t stream) {
   const bool lean = sm90_backward_is_lean(args.p, V::kHstu);
-  if (sm90_tile_dim(args.p) == 64) {
-    return lean ? launch_attention_backward_sm90_variant<T, V, true, 64>(args, stream)
-                : launch_attention_backward_sm90_variant<T, V, false, 64>(args, stream);
+  switch (sm90_tile_dim(args.p)) {
+    case 64:
+      return lean ? launch_attention_backward_sm90_variant<T, V, true, 64>(args, stream)
+                  : launch_attention_backward_sm90_variant<T, V, false, 64>(args, stream);
+    case 128:
+      return lean ? launch_attention_backward_sm90_variant<T, V, true, 128>(args, stream)
+                  : launch_attention_backward_sm90_variant<T, V, false, 128>(args, stream);
+    default:
+      return lean ? launch_attention_backward_sm90_variant<T, V, true, 256>(args, stream)
+                  : launch_attention_backward_sm90_variant<T, V, false, 256>(args, stream);
   }
-  return lean ? launch_attention_backward_sm90_variant<T, V, true, 128>(args, stream)
-              : launch_attention_backward_sm90_variant<T, V, false, 128>(args, stream);
 }
 
 #endif  // HIPDLRM_PLATFORM_CUDA

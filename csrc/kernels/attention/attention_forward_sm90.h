@@ -436,9 +436,8 @@ __global__ void __launch_bounds__(384, 1)
 #endif
 }
 
-// The largest head dim (max(dqk, dv)) of the wgmma forward (256) and backward (128: at 256 its dK and dV
-// accumulators would not fit the registers).
-constexpr int kSm90MaxForwardDim = 256, kSm90MaxBackwardDim = 128;
+// The largest head dim (max(dqk, dv)) of the wgmma forward and backward.
+constexpr int kSm90MaxForwardDim = 256, kSm90MaxBackwardDim = 256;
 
 // Whether the wgmma kernel of a direction can serve this problem on the current device: an sm_90a build, a
 // compute-capability 9.0 device and a head dim (the larger of dqk and dv) up to the direction's maximum,
