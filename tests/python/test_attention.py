@@ -809,7 +809,7 @@ def test_gpu_kernel_choice():
 
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
-    """The portable forward and backward at head dims up to 128, which the wgmma kernels replace on Hopper."""
+    """The portable forward and backward at the head dims that the wgmma kernels serve on Hopper (16-256)."""
     run_with_wgmma_disabled("test_attention.py", "test_gpu_masks_wgmma_head_dims or test_gpu_long_sequences or "
                                                  "test_gpu_packed_short_sequences")
 

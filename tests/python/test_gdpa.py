@@ -723,7 +723,7 @@ def test_gpu_jagged_batches_of_mostly_short_sequences(dim, dtype, window):
 
 @requires_gpu
 def test_gpu_portable_kernels_with_wgmma_disabled():
-    """The portable forward and backward at head dims up to 128, which the wgmma kernels replace on Hopper."""
+    """The portable forward and backward at the head dims that the wgmma kernels serve on Hopper (16-256)."""
     run_with_wgmma_disabled("test_gdpa.py", "test_gpu_activations or test_gpu_windows or test_gpu_grouped_kv_heads "
                                             "or test_gpu_dense_kv or test_gpu_broadcast_q or test_gpu_long_sequences "
                                             "or test_gpu_jagged_batches")
