@@ -2,7 +2,7 @@
 // the same variants, masks, arguments and outputs as attention_backward.h), on warpgroup MMA (wgmma).
 //
 // One block of two warpgroups per (sample, kv head, 128 keys); warpgroup w owns keys [64 w, 64 w + 64) of
-// the block. k and v are staged once; the steps are the portable kernel's (query head, 64-query block) steps,
+// the block. k and v are staged once; the steps are (query head, kBlockM-query block) as in the portable kernel,
 // walked in descending query order, q and dO of the next step landing in the other of two
 // shared-memory stages (TMA or cp.async) while this one is computed. Per step and warpgroup:
 //   S^T[64 keys x 64 q] = k q^T and dP^T = v dO^T   wgmma, both operands in shared memory (K-major);
@@ -12,7 +12,11 @@
 //   dX^T -> shared [key][query]                       one 32-bit store per pair (swizzled: no conflicts).
 // S^T and dP^T are two commit groups: P^T is computed and dV += P^T dO issued while dP^T is still on the
 // tensor cores.
-// After a barrier, warpgroup w computes dQ[64 q x 64 d] (head-dim half w) = dS k over the block's 128 keys
+// Head dim 64 (kD = 64): a step has 128 queries, walked as two 64-query sub-steps of the above (the registers
+// of one), and each warpgroup computes dQ of 64 of them (below): per 128 queries two block-wide barriers
+// instead of four, and the dQ products split between the warpgroups instead of one warpgroup's.
+// After a barrier, warpgroup w computes dQ[64 q x 64 d] (head-dim half w; at kD = 64 the step's queries
+// [64 w, 64 w + 64)) = dS k over the block's 128 keys
 // with both operands MN-major in shared memory (SST), and adds it, times alpha, to the fp32 grad_q_accum
 // (vector red.add of pairs). dK and dV stay in registers for the whole walk and are stored once: no atomics
 // on them. dRab as in the portable kernel. The dQ conversion kernel is the portable one.
@@ -67,9 +71,11 @@ namespace attention {
 //   memory traffic, so not for the L2 reuse it was tried for; why is not established.
 // - One block per tile. A persistent grid that prefetched the next tile's k / v and first q / dO measured
 //   slower at every step, not only at the tile boundaries.
+// - At kD = 64, 128-query steps as two 64-query sub-steps with dQ split by query rows (kDqRowSplit): with
+//   64-query steps the dQ = dS k of a step was one warpgroup's (no second head-dim half) while the other
+//   waited at the next barrier. 128 queries in one pass (S^T in 64 registers) would not fit the registers.
 // Head dims 64, 128 and 256 (the larger of dqk and dv rounded up; columns past dqk and dv staged as zeros): k, v,
-// q and dO tiles of kD / 64 blocks of 64 columns. At 64 the dQ = dS k of a step is one warpgroup's (the
-// other has no head-dim half to compute).
+// q and dO tiles of kD / 64 blocks of 64 columns.
 template <int D>
 struct Sm90BwdConfig {
   static constexpr int kD = D;
@@ -77,14 +83,19 @@ struct Sm90BwdConfig {
   static constexpr int kBlockN = kColSplit ? 64 : 128;  // keys per block (64 per warpgroup, or 64 shared)
   static constexpr int kWgKeys = kColSplit ? 0 : 64;     // warpgroup w's first key in the block: kWgKeys w
   static constexpr int kAccCols = kColSplit ? 128 : D;   // dK / dV columns a warpgroup accumulates
-  static constexpr int kDqCols = kColSplit ? 128 : 64;   // dQ columns a warpgroup computes per step
-  static constexpr int kBlockM = 64;   // queries per step
+  // Head dim 64: a step has 128 queries, computed as two 64-query sub-steps (the registers of one), and
+  // warpgroup w computes dQ of the step's queries [64 w, 64 w + 64) over all kD columns (kDqRowSplit): both
+  // warpgroups share the dQ products, and a step's two block-wide barriers serve 128 queries.
+  static constexpr int kBlockM = D == 64 ? 128 : 64;  // queries per step
+  static constexpr int kSubSteps = kBlockM / 64;
+  static constexpr bool kDqRowSplit = kSubSteps == 2;
+  static constexpr int kDqCols = kColSplit ? 128 : (kDqRowSplit ? D : 64);  // dQ columns of a warpgroup's step
   static constexpr int kThreads = 256;
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
   static constexpr int kTileQ = kBlockM * kD * 2;  // bytes of one q (or dO) tile
   static constexpr int kTileS = kBlockN * kBlockM * 2;
   static constexpr int kBlockK = kBlockN * 128;  // bytes of one 64-column block of k / v (128 lines)
-  static constexpr int kBlockQ = kBlockM * 128;  // bytes of one 64-column block of q / dO (64 lines)
+  static constexpr int kBlockQ = kBlockM * 128;  // bytes of one 64-column block of q / dO (kBlockM lines)
   static constexpr int kBars = 64;  // the two stages' mbarriers
   static constexpr int kSmem = 2 * kTileK + 2 * 2 * kTileQ + kTileS + kBars + 1024;  // + 1024-byte alignment slack
 };
@@ -128,7 +139,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
   const int wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const int kr0 = Cfg::kWgKeys * wgi + 16 * warp + g;  // this thread's key lines in the block: kr0 and kr0 + 8
   // The first 64-column block of this warpgroup's dK / dV columns (kAccCols) and of its dQ columns (kDqCols).
-  const int acc_block = Cfg::kColSplit ? 2 * wgi : 0, dq_block = (Cfg::kDqCols / 64) * wgi;
+  const int acc_block = Cfg::kColSplit ? 2 * wgi : 0, dq_block = Cfg::kDqRowSplit ? 0 : (Cfg::kDqCols / 64) * wgi;
   using Block = BackwardBlock<T, V, kBM, kBN>;
   // Stages q and dO of step t of tile `blk` into `stage`; returns whether they come by TMA (then the stage's
   // mbarrier completes once they landed; else by this thread's cp.async, zero-filled past the sequence end).
@@ -264,149 +275,160 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
       const std::uint64_t desc_q = wg::desc(q_s, 16, 1024), desc_do = wg::desc(do_s, 16, 1024);
       const std::uint64_t desc_q_t = wg::desc(q_s + acc_block * kBlockQ, kBlockQ, 1024);
       const std::uint64_t desc_do_t = wg::desc(do_s + acc_block * kBlockQ, kBlockQ, 1024);
-      const std::uint64_t desc_ds = wg::desc(ds_s, Cfg::kTileS, 1024);
+      const std::uint64_t desc_ds =
+          wg::desc(ds_s + (Cfg::kDqRowSplit ? wgi * kBN * 128 : 0), Cfg::kTileS, 1024);
       const std::uint64_t desc_k_t = wg::desc(k_s + dq_block * kBlockK, kBlockK, 1024);
 
-      const bool inside_seq = !V::kHstu || (i0 + kBM <= nq && kw0 + 64 <= nkv);
-      const bool full = inside_seq && rab == nullptr && !packed && mask.tile_all(i0, i0 + kBM, kw0, kw0 + 64);
-      const bool live = full || mask.tile_any(i0, i0 + kBM, kw0, kw0 + 64);
-      // Masked tiles of a plain causal mask without rab: j <= i per element (rows and keys past the ends too);
-      // a packed group (only kLean problems are packed) also i < hi(j).
-      // kLean: every masked tile takes that path, with j <= i only under a causal mask (else the bounds alone).
-      const bool causal_fast =
-          kLean || (!full && rab == nullptr && mask.plain_causal());
-      const bool lean_causal = kLean && mask.plain_causal();
       std::uint32_t pp[4][4], px[4][4];  // P^T and dX^T as register A operands (k16 steps over the queries)
-      auto issue_dk = [&] {  // dK += dX^T q
+      // The bytes of a sub-step's 64 query lines in the q / dO tiles.
+      constexpr int kSubBytes = 64 * 128;
+      auto issue_dk = [&](int sub) {  // dK += dX^T q over sub-step sub's queries
         wg::fence();
         wg::fence_regs(dk);
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk)
-          wg::RS<Cfg::kAccCols, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, 16 * kk * 128));
+          wg::RS<Cfg::kAccCols, kBf16>::run(dk, px[kk], wg::desc_add(desc_q_t, kSubBytes * sub + 16 * kk * 128));
         wg::commit();
       };
-      if (live) {
-        float st[32], dpt[32];
-        wg::fence();
+      bool live = false;  // after the loop: the last sub-step's
 #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-          const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
-          const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
-          wg::SS<64, kBf16>::run(st, wg::desc_add(desc_k, off), wg::desc_add(desc_q, offq), kk > 0 ? 1 : 0);
-        }
-        wg::commit();
+      for (int sub = 0; sub < Cfg::kSubSteps; ++sub) {
+        const int i0s = i0 + 64 * sub;  // the sub-step's first query
+        const bool inside_seq = !V::kHstu || (i0s + 64 <= nq && kw0 + 64 <= nkv);
+        const bool full = inside_seq && rab == nullptr && !packed && mask.tile_all(i0s, i0s + 64, kw0, kw0 + 64);
+        live = full || mask.tile_any(i0s, i0s + 64, kw0, kw0 + 64);
+        // Masked tiles of a plain causal mask without rab: j <= i per element (rows and keys past the ends too);
+        // a packed group (only kLean problems are packed) also i < hi(j).
+        // kLean: every masked tile takes that path, with j <= i only under a causal mask (else the bounds alone).
+        const bool causal_fast =
+            kLean || (!full && rab == nullptr && mask.plain_causal());
+        const bool lean_causal = kLean && mask.plain_causal();
+        if (live) {
+          float st[32], dpt[32];
+          wg::fence();
 #pragma unroll
-        for (int kk = 0; kk < kD / 16; ++kk) {
-          const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
-          const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
-          wg::SS<64, kBf16>::run(dpt, wg::desc_add(desc_v, off), wg::desc_add(desc_do, offq), kk > 0 ? 1 : 0);
-        }
-        wg::commit();
-        // S first (dP^T may still be computing): P^T = act(x) s into pp, and act'(x) s kept in st.
-        wg::wait<1>();
-        wg::fence_regs(st);
-        // Element e: key line kr0 + 8 ((e >> 1) & 1), query i0 + 8 (e >> 2) + 2 t4 + (e & 1).
-        // kind: 0 every element valid; 1 plain causal, no rab (kLean: plain causal or no mask); 2 the general mask;
-        // 3 a packed group (kLean, causal): j <= i < hi(j).
-        auto element = [&](int e, auto kind) {
-          constexpr int kKind = decltype(kind)::value;
-          constexpr bool kMasked = kKind == 2;
-          const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
-          bool inside = true;
-          if constexpr (kKind == 1) inside = i < nq && j < nkv && ((kLean && !lean_causal) || j <= i);
-          if constexpr (kKind == 2) inside = i < nq && j < nkv && mask.valid(i, j);
-          if constexpr (kKind == 3) inside = i < nq && j <= i && i < ((e >> 1) & 1 ? hi1 : hi0);
-          float x = V::kHstu ? alpha * st[e] : st[e];
-          if (kMasked && rab != nullptr && inside) {
-            x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+          for (int kk = 0; kk < kD / 16; ++kk) {
+            const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
+            const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
+            wg::SS<64, kBf16>::run(st, wg::desc_add(desc_k, off), wg::desc_add(desc_q, kSubBytes * sub + offq),
+                                   kk > 0 ? 1 : 0);
           }
-          float gr;
-          const float a = F::fg(x, gr);
-          if constexpr (kFoldScale) {  // s applied after the products (dV, dK, dQ)
-            st[e] = inside ? gr : 0.0f;
-            return inside ? a : 0.0f;
+          wg::commit();
+#pragma unroll
+          for (int kk = 0; kk < kD / 16; ++kk) {
+            const int off = (kk >> 2) * kBlockK + (kk & 3) * 32;
+            const int offq = (kk >> 2) * kBlockQ + (kk & 3) * 32;
+            wg::SS<64, kBf16>::run(dpt, wg::desc_add(desc_v, off), wg::desc_add(desc_do, kSubBytes * sub + offq),
+                                   kk > 0 ? 1 : 0);
           }
-          float s = 0.0f;
-          if (inside) s = scale_per_token != nullptr ? scale_per_token[rows.q0 + i] : p.scale_value;
-          st[e] = inside ? gr * s : 0.0f;  // dX = dP act'(x) s, once dP^T is in
-          return inside ? a * s : 0.0f;
-        };
-        auto pack_p = [&](auto kind) {
+          wg::commit();
+          // S first (dP^T may still be computing): P^T = act(x) s into pp, and act'(x) s kept in st.
+          wg::wait<1>();
+          wg::fence_regs(st);
+          // Element e: key line kr0 + 8 ((e >> 1) & 1), query i0s + 8 (e >> 2) + 2 t4 + (e & 1).
+          // kind: 0 every element valid; 1 plain causal, no rab (kLean: plain causal or no mask); 2 the general mask;
+          // 3 a packed group (kLean, causal): j <= i < hi(j).
+          auto element = [&](int e, auto kind) {
+            constexpr int kKind = decltype(kind)::value;
+            constexpr bool kMasked = kKind == 2;
+            const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0s + 8 * (e >> 2) + 2 * t4 + (e & 1);
+            bool inside = true;
+            if constexpr (kKind == 1) inside = i < nq && j < nkv && ((kLean && !lean_causal) || j <= i);
+            if constexpr (kKind == 2) inside = i < nq && j < nkv && mask.valid(i, j);
+            if constexpr (kKind == 3) inside = i < nq && j <= i && i < ((e >> 1) & 1 ? hi1 : hi0);
+            float x = V::kHstu ? alpha * st[e] : st[e];
+            if (kMasked && rab != nullptr && inside) {
+              x += gpu::to_float(rab[static_cast<std::int64_t>(i) * p.max_seq_len + j]);
+            }
+            float gr;
+            const float a = F::fg(x, gr);
+            if constexpr (kFoldScale) {  // s applied after the products (dV, dK, dQ)
+              st[e] = inside ? gr : 0.0f;
+              return inside ? a : 0.0f;
+            }
+            float s = 0.0f;
+            if (inside) s = scale_per_token != nullptr ? scale_per_token[rows.q0 + i] : p.scale_value;
+            st[e] = inside ? gr * s : 0.0f;  // dX = dP act'(x) s, once dP^T is in
+            return inside ? a * s : 0.0f;
+          };
+          auto pack_p = [&](auto kind) {
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+              for (int r = 0; r < 4; ++r) {
+                const float lo = element(8 * kk + 2 * r, kind);
+                const float hi = element(8 * kk + 2 * r + 1, kind);
+                pp[kk][r] = Mma::pack2(lo, hi);
+              }
+          };
+          if (full) {
+            pack_p(std::integral_constant<int, 0>());
+          } else if (kLean && packed) {
+            pack_p(std::integral_constant<int, 3>());
+          } else if (causal_fast) {
+            pack_p(std::integral_constant<int, 1>());
+          } else if constexpr (!kLean) {
+            pack_p(std::integral_constant<int, 2>());
+          }
+          // dV += P^T dO while dP^T finishes.
+          wg::fence();
+          wg::fence_regs(dv);
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+            wg::RS<Cfg::kAccCols, kBf16>::run(dv, pp[kk],
+                                              wg::desc_add(desc_do_t, kSubBytes * sub + 16 * kk * 128));
+          wg::commit();
+          wg::wait<1>();
+          wg::fence_regs(dpt);
 #pragma unroll
           for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              const float lo = element(8 * kk + 2 * r, kind);
-              const float hi = element(8 * kk + 2 * r + 1, kind);
-              pp[kk][r] = Mma::pack2(lo, hi);
+              const int e = 8 * kk + 2 * r;
+              px[kk][r] = Mma::pack2(dpt[e] * st[e], dpt[e + 1] * st[e + 1]);
             }
-        };
-        if (full) {
-          pack_p(std::integral_constant<int, 0>());
-        } else if (kLean && packed) {
-          pack_p(std::integral_constant<int, 3>());
-        } else if (causal_fast) {
-          pack_p(std::integral_constant<int, 1>());
-        } else if constexpr (!kLean) {
-          pack_p(std::integral_constant<int, 2>());
-        }
-        // dV += P^T dO while dP^T finishes.
-        wg::fence();
-        wg::fence_regs(dv);
+          // dRab = dX of the valid elements (st is zero elsewhere); under kColSplit warpgroup 0's (both hold it).
+          if (!kLean && !full && grad_rab != nullptr && (!Cfg::kColSplit || wgi == 0)) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-          wg::RS<Cfg::kAccCols, kBf16>::run(dv, pp[kk], wg::desc_add(desc_do_t, 16 * kk * 128));
-        wg::commit();
-        wg::wait<1>();
-        wg::fence_regs(dpt);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int e = 8 * kk + 2 * r;
-            px[kk][r] = Mma::pack2(dpt[e] * st[e], dpt[e + 1] * st[e + 1]);
-          }
-        // dRab = dX of the valid elements (st is zero elsewhere); under kColSplit warpgroup 0's (both hold it).
-        if (!kLean && !full && grad_rab != nullptr && (!Cfg::kColSplit || wgi == 0)) {
-#pragma unroll
-          for (int e = 0; e < 32; ++e) {
-            const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0 + 8 * (e >> 2) + 2 * t4 + (e & 1);
-            if (i < nq && j < nkv && mask.valid(i, j)) {
-              const std::int64_t ij = static_cast<std::int64_t>(i) * p.max_seq_len + j;
-              const float dx = dpt[e] * st[e];
-              if (bb.rab_shared) {
-                gpu::atomic_add(grad_rab + ij, dx);
-              } else {
-                grad_rab[ij] = dx;
+            for (int e = 0; e < 32; ++e) {
+              const int j = j0 + kr0 + 8 * ((e >> 1) & 1), i = i0s + 8 * (e >> 2) + 2 * t4 + (e & 1);
+              if (i < nq && j < nkv && mask.valid(i, j)) {
+                const std::int64_t ij = static_cast<std::int64_t>(i) * p.max_seq_len + j;
+                const float dx = dpt[e] * st[e];
+                if (bb.rab_shared) {
+                  gpu::atomic_add(grad_rab + ij, dx);
+                } else {
+                  grad_rab[ij] = dx;
+                }
               }
             }
           }
+          // Late (kDkLate) only in the last sub-step: the next one rewrites px.
+          if (!kDkLate || sub + 1 < Cfg::kSubSteps) issue_dk(sub);
         }
-        if (!kDkLate) issue_dk();
-      } else {
+        // dX^T into ds_s: [kBN key lines][kBM queries], swizzled; register (kk, r) holds key line kr0 + 8 (r & 1),
+        // queries 64 sub + 16 kk + 8 (r >> 1) + 2 t4 and the next one (chunk 8 sub + 2 kk + (r >> 1), byte 4 t4).
+        // Zeros where the sub-step has no work (px untouched: an earlier sub-step's dK may still read it).
+        // Under kColSplit both warpgroups hold the same dX^T: warpgroup 0 writes it.
+        if (!Cfg::kColSplit || wgi == 0) {
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
+          for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-          for (int r = 0; r < 4; ++r) px[kk][r] = 0u;
-      }
-      // dX^T into ds_s: [kBN key lines][64 queries], swizzled; register (kk, r) holds key line kr0 + 8 (r & 1),
-      // queries 16 kk + 8 (r >> 1) + 2 t4 and the next one (chunk 2 kk + (r >> 1), byte 4 t4 of the chunk).
-      // Under kColSplit both warpgroups hold the same dX^T: warpgroup 0 writes it.
-      if (!Cfg::kColSplit || wgi == 0) {
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            const int line = kr0 + 8 * (r & 1);
-            *reinterpret_cast<std::uint32_t*>(ds_s + wg::swizzled_offset(line, 2 * kk + (r >> 1), kBN) + 4 * t4) =
-                px[kk][r];
-          }
+            for (int r = 0; r < 4; ++r) {
+              const int line = kr0 + 8 * (r & 1);
+              const int chunk = 8 * sub + 2 * kk + (r >> 1);
+              *reinterpret_cast<std::uint32_t*>(ds_s + wg::swizzled_offset(line, chunk, kBN) + 4 * t4) =
+                  live ? px[kk][r] : 0u;
+            }
+        }
       }
       wg::fence_smem_for_async();
       __syncthreads();  // dS complete
-      // dQ[64 q x kDqCols d] of head-dim part wgi = dS k over the block's keys.
+      // dQ[64 q x kDqCols d] = dS k over the block's keys: of head-dim part wgi, or (kDqRowSplit) of the
+      // step's queries [64 wgi, 64 wgi + 64).
       constexpr int kDq = Cfg::kDqCols;
-      if (mask.tile_any(i0, i0 + kBM, j0, j0 + kBN) && kDq * wgi < p.dqk && kDq * wgi < kD) {
+      const int dq_q0 = i0 + (Cfg::kDqRowSplit ? 64 * wgi : 0), dq_c0 = Cfg::kDqRowSplit ? 0 : kDq * wgi;
+      if (mask.tile_any(dq_q0, dq_q0 + 64, j0, j0 + kBN) && dq_c0 < p.dqk && dq_c0 < kD) {
         float dq[kDq / 2];
         wg::fence();
 #pragma unroll
@@ -416,7 +438,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         }
         wg::commit();
         if (kDkLate && live) {  // dK after dQ: the dQ reductions below are issued while dK computes
-          issue_dk();
+          issue_dk(Cfg::kSubSteps - 1);
           wg::wait<1>();
         } else {
           wg::wait<0>();
@@ -427,11 +449,11 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
         // One base address per row and immediate offsets (a reduction's operand registers stay locked until
         // the memory unit has read them: addresses recomputed into the same registers serialised the 16
         // reductions of a step). Head dims below 128 drop the pairs past dqk, at the cost of that ordering.
-        const int c0 = kDq * wgi + 2 * t4;
+        const int c0 = dq_c0 + 2 * t4;
         float* const dqa = bb.dqa0 + h * p.dqk + c0;
         const bool all_cols = p.dqk == kD;
         // Both rows' addresses before the first reduction: nothing is computed between them.
-        const int ia = i0 + 16 * warp + g;
+        const int ia = dq_q0 + 16 * warp + g;
         float* const rows2[2] = {dqa + static_cast<std::int64_t>(ia) * bb.q_stride,
                                  dqa + static_cast<std::int64_t>(ia + 8) * bb.q_stride};
 #pragma unroll
@@ -454,7 +476,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
           }
         }
       } else {
-        if (kDkLate && live) issue_dk();
+        if (kDkLate && live) issue_dk(Cfg::kSubSteps - 1);
         wg::wait<0>();
         wg::fence_regs(dv);
         wg::fence_regs(dk);
