@@ -405,6 +405,11 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
           }
           // Late (kDkLate) only in the last sub-step: the next one rewrites px.
           if (!kDkLate || sub + 1 < Cfg::kSubSteps) issue_dk(sub);
+        } else if constexpr (Cfg::kSubSteps == 1) {  // no earlier sub-step's dK can be reading px
+#pragma unroll
+          for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) px[kk][r] = 0u;
         }
         // dX^T into ds_s: [kBN key lines][kBM queries], swizzled; register (kk, r) holds key line kr0 + 8 (r & 1),
         // queries 64 sub + 16 kk + 8 (r >> 1) + 2 t4 and the next one (chunk 8 sub + 2 kk + (r >> 1), byte 4 t4).
@@ -418,7 +423,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
               const int line = kr0 + 8 * (r & 1);
               const int chunk = 8 * sub + 2 * kk + (r >> 1);
               *reinterpret_cast<std::uint32_t*>(ds_s + wg::swizzled_offset(line, chunk, kBN) + 4 * t4) =
-                  live ? px[kk][r] : 0u;
+                  live || Cfg::kSubSteps == 1 ? px[kk][r] : 0u;
             }
         }
       }
