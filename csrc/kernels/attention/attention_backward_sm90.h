@@ -83,9 +83,7 @@ struct Sm90BwdConfig {
   static constexpr int kBlockN = kColSplit ? 64 : 128;  // keys per block (64 per warpgroup, or 64 shared)
   static constexpr int kWgKeys = kColSplit ? 0 : 64;     // warpgroup w's first key in the block: kWgKeys w
   static constexpr int kAccCols = kColSplit ? 128 : D;   // dK / dV columns a warpgroup accumulates
-  // Head dim 64: a step has 128 queries, computed as two 64-query sub-steps (the registers of one), and
-  // warpgroup w computes dQ of the step's queries [64 w, 64 w + 64) over all kD columns (kDqRowSplit): both
-  // warpgroups share the dQ products, and a step's two block-wide barriers serve 128 queries.
+  // Head dim 64: 128-query steps as two 64-query sub-steps, dQ split by query rows (choices above).
   static constexpr int kBlockM = D == 64 ? 128 : 64;  // queries per step
   static constexpr int kSubSteps = kBlockM / 64;
   static constexpr bool kDqRowSplit = kSubSteps == 2;
