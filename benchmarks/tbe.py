@@ -47,7 +47,8 @@ Backward / step variants, per optimizer:
                          rows' "implementation" says which; its state has the weights' dtype), and for the
                          optimizers torch.optim lacks (EXACT_ROWWISE_ADAGRAD, PARTIAL_ROWWISE_ADAM, LAMB,
                          PARTIAL_ROWWISE_LAMB, LARS_SGD) hipdlrm's formula (docs/tbe.md) written with
-                         in-place tensor ops over the whole tables, fp32 state; step: forward too
+                         in-place tensor ops, one table at a time (fp32 temporaries of one table: an
+                         80 GB GPU holds every configuration), fp32 state; step: forward too
 Before timing, one step of each side is run from the same weights and the same optimizer state
 (verify_training), and the run aborts unless they agree on every looked-up row and hipdlrm's step left
 every other row bit for bit as it was. The module's state is set to random values first (second moments
@@ -437,7 +438,9 @@ def fastest_torch_optimizer(cls: type, weights: torch.Tensor, **kwargs) -> Tuple
 class PlainTrainer:
     """Plain PyTorch training of a dense copy of the concatenated tables with the module's optimizer:
     F.embedding_bag's backward gives the dense gradient of every row; torch.optim's step where torch.optim
-    has the optimizer, else hipdlrm's formula (docs/tbe.md) over the whole tables in fp32."""
+    has the optimizer, else hipdlrm's formula (docs/tbe.md) over every row in fp32, one table at a time (the
+    fp32 temporaries of one table, not of all: an 80 GB GPU then holds the largest configuration's module and
+    anchor together)."""
 
     def __init__(self, wl: Workload, dtype: Optional[torch.dtype] = None):
         m = wl.module
@@ -445,7 +448,14 @@ class PlainTrainer:
         self.optimizer = m.optimizer.name
         self.lr, self.eps, self.beta1, self.beta2 = m.learning_rate, m.eps, m.beta1, m.beta2
         self.eta, self.momentum = m.eta, m.momentum
-        self.weights = torch.cat(m.split_embedding_weights()).to(dtype).requires_grad_(True)
+        tables = m.split_embedding_weights()
+        self.table_rows = [t.shape[0] for t in tables]
+        self.weights = torch.empty((sum(self.table_rows), tables[0].shape[1]), dtype=dtype or tables[0].dtype,
+                                   device=tables[0].device)
+        with torch.no_grad():
+            for part, table in zip(self.table_parts(self.weights), tables):
+                part.copy_(table)
+        self.weights.requires_grad_(True)
         torch_class, states = PLAIN_OPTIMIZERS[self.optimizer]
         self.state_names = [name for name, _, _ in states]
         self.steps = 0
@@ -464,6 +474,10 @@ class PlainTrainer:
                                                device=self.weights.device)
             self.implementation = "dense tensor ops (fp32 state)"
 
+    def table_parts(self, x: torch.Tensor) -> List[torch.Tensor]:
+        """Views of `x`'s rows, one per table (x's rows are the concatenated tables')."""
+        return list(torch.split(x, self.table_rows))
+
     def forward(self) -> torch.Tensor:
         return F.embedding_bag(self.wl.global_indices, self.weights, self.wl.offsets, mode="sum",
                                include_last_offset=True)
@@ -472,22 +486,24 @@ class PlainTrainer:
     def load_state(self, module) -> None:
         """The module's optimizer state and step count, copied to this side's."""
         tables = hipdlrm.TableBatchedEmbedding.split_optimizer_states(module)
-        values = [torch.cat([t[i] for t in tables]).float() for i in range(len(self.state_names))]
         step = int(module.optimizer_counters[0])
         if self.torch_optimizer is None:
-            for name, value in zip(self.state_names, values):
-                self.state[name].copy_(value)
+            targets = [self.state[name] for name in self.state_names]
             self.steps = step
-        elif values:
+        elif self.state_names:
             # torch.optim creates its state at the first step: a step with a zero gradient from zero state
             # leaves the weights as they are (0 / (0 + eps) = 0) and creates it; then it is overwritten.
             self.weights.grad = torch.zeros_like(self.weights)
             self.torch_optimizer.step()
             self.weights.grad = None
             state = self.torch_optimizer.state[self.weights]
-            for name, value in zip(self.state_names, values):
-                state[name].copy_(value)
             state["step"].fill_(step)
+            targets = [state[name] for name in self.state_names]
+        else:
+            targets = []
+        for i, target in enumerate(targets):  # table by table: no concatenated copy of a state
+            for part, table in zip(self.table_parts(target), tables):
+                part.copy_(table[i])
 
     @torch.no_grad()
     def update(self) -> None:
@@ -495,10 +511,14 @@ class PlainTrainer:
             self.torch_optimizer.step()
         else:
             self.steps += 1
-            getattr(self, "_" + self.optimizer.lower())(self.weights, self.weights.grad.float())
+            formula = getattr(self, "_" + self.optimizer.lower())
+            parts = [self.table_parts(x) for x in (self.weights, self.weights.grad, *self.state.values())]
+            for w, g, *states in zip(*parts):
+                formula(w, g.float(), dict(zip(self.state, states)))
         self.weights.grad = None
 
-    # hipdlrm's formulas on every row (docs/tbe.md), in fp32; w is updated in place in its own dtype.
+    # hipdlrm's formulas on the rows of one table (docs/tbe.md), in fp32: w (updated in place in its own dtype),
+    # its gradient g, and its rows of each state (s, by name, updated in place).
 
     def _bias_corrections(self) -> Tuple[float, float]:
         return 1.0 - self.beta1 ** self.steps, 1.0 - self.beta2 ** self.steps
@@ -510,21 +530,21 @@ class PlainTrainer:
         ratio = torch.where(r_norm > 0, w_norm / r_norm, torch.zeros_like(r_norm))
         w.sub_(r.mul_((self.lr * ratio).unsqueeze(1)).to(w.dtype))
 
-    def _exact_rowwise_adagrad(self, w: torch.Tensor, g: torch.Tensor) -> None:
-        s = self.state["sum"]
-        s += g.pow(2).mean(dim=1)
-        w.sub_((g * (self.lr / (s.sqrt() + self.eps)).unsqueeze(1)).to(w.dtype))
+    def _exact_rowwise_adagrad(self, w: torch.Tensor, g: torch.Tensor, s: Dict[str, torch.Tensor]) -> None:
+        total = s["sum"]
+        total += g.pow(2).mean(dim=1)
+        w.sub_((g * (self.lr / (total.sqrt() + self.eps)).unsqueeze(1)).to(w.dtype))
 
-    def _partial_rowwise_adam(self, w: torch.Tensor, g: torch.Tensor) -> None:
-        m, v = self.state["m"], self.state["v"]
+    def _partial_rowwise_adam(self, w: torch.Tensor, g: torch.Tensor, s: Dict[str, torch.Tensor]) -> None:
+        m, v = s["m"], s["v"]
         bc1, bc2 = self._bias_corrections()
         m.mul_(self.beta1).add_(g, alpha=1.0 - self.beta1)
         v.mul_(self.beta2).add_(g.pow(2).mean(dim=1), alpha=1.0 - self.beta2)
         rate = (self.lr / bc1) / (v / bc2).sqrt_().add_(self.eps)
         w.sub_((m * rate.unsqueeze(1)).to(w.dtype))
 
-    def _lamb(self, w: torch.Tensor, g: torch.Tensor) -> None:
-        m, v = self.state["m"], self.state["v"]
+    def _lamb(self, w: torch.Tensor, g: torch.Tensor, s: Dict[str, torch.Tensor]) -> None:
+        m, v = s["m"], s["v"]
         bc1, bc2 = self._bias_corrections()
         m.mul_(self.beta1).add_(g, alpha=1.0 - self.beta1)
         v.mul_(self.beta2).addcmul_(g, g, value=1.0 - self.beta2)
@@ -532,16 +552,16 @@ class PlainTrainer:
         torch.div(m, r, out=r).div_(bc1)
         self._trust_ratio_step(w, r)
 
-    def _partial_rowwise_lamb(self, w: torch.Tensor, g: torch.Tensor) -> None:
-        m, v = self.state["m"], self.state["v"]
+    def _partial_rowwise_lamb(self, w: torch.Tensor, g: torch.Tensor, s: Dict[str, torch.Tensor]) -> None:
+        m, v = s["m"], s["v"]
         bc1, bc2 = self._bias_corrections()
         m.mul_(self.beta1).add_(g, alpha=1.0 - self.beta1)
         v.mul_(self.beta2).add_(g.pow(2).mean(dim=1), alpha=1.0 - self.beta2)
         h = (v / bc2).sqrt_().add_(self.eps).reciprocal_()
         self._trust_ratio_step(w, (m / bc1).mul_(h.unsqueeze(1)))
 
-    def _lars_sgd(self, w: torch.Tensor, g: torch.Tensor) -> None:
-        m = self.state["m"]
+    def _lars_sgd(self, w: torch.Tensor, g: torch.Tensor, s: Dict[str, torch.Tensor]) -> None:
+        m = s["m"]
         w_norm = torch.linalg.vector_norm(w, dim=1, dtype=torch.float32)
         g_norm = torch.linalg.vector_norm(g, dim=1)
         rate = torch.where(g_norm > 0, self.lr * self.eta * w_norm / g_norm, torch.zeros_like(g_norm))
@@ -593,7 +613,8 @@ def verify_training(wl: Workload) -> None:
         for table in hipdlrm.TableBatchedEmbedding.split_optimizer_states(m):
             for state, (_, low, high) in zip(table, PLAIN_OPTIMIZERS[name][1]):
                 state.uniform_(low, high, generator=gen)
-    before = [table.clone() for table in m.split_embedding_weights()]
+    # the weights before the step, kept in host memory (the device holds the module and the fp32 plain side)
+    before = [table.to("cpu", copy=True) for table in m.split_embedding_weights()]
     plain = PlainTrainer(wl, torch.float32)
     plain.load_state(m)
     grad, plain_grad = upstream_grads(wl, torch.float32, exact=True)
@@ -603,6 +624,7 @@ def verify_training(wl: Workload) -> None:
     dtype = wl.config.weights
     units = 2 if dtype == torch.float32 else 1
     for t, (ours, start) in enumerate(zip(m.split_embedding_weights(), before)):
+        start = start.to(ours.device)
         touched = wl.batch.touched[t * wl.rows:(t + 1) * wl.rows]
         ours_rows = ours[touched].float()
         theirs_rows = plain.weights.detach()[t * wl.rows:(t + 1) * wl.rows][touched]
