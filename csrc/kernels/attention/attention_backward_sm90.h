@@ -74,19 +74,26 @@ namespace attention {
 // - At kD = 64, 128-query steps as two 64-query sub-steps with dQ split by query rows (kDqRowSplit): with
 //   64-query steps the dQ = dS k of a step was one warpgroup's (no second head-dim half) while the other
 //   waited at the next barrier. 128 queries in one pass (S^T in 64 registers) would not fit the registers.
+// - At kD = 128, HSTU's lean kernel also walks 128-query steps as two sub-steps (one block-wide barrier pair
+//   per 128 queries instead of per 64); each warpgroup keeps its head-dim half of dQ and computes it in two
+//   passes, one per 64 queries, and the second sub-step waits for the first one's dK and dV (with them in
+//   flight, S^T and dP^T did not fit the registers). GDPA's and the general kernels keep 64-query steps: with
+//   two sub-steps they spilled 100-760 bytes.
 // Head dims 64, 128 and 256 (the larger of dqk and dv rounded up; columns past dqk and dv staged as zeros): k, v,
 // q and dO tiles of kD / 64 blocks of 64 columns.
-template <int D>
+template <int D, bool kLeanHstu = true>
 struct Sm90BwdConfig {
   static constexpr int kD = D;
   static constexpr bool kColSplit = D == 256;  // the warpgroups split the head dim, not the keys (above)
   static constexpr int kBlockN = kColSplit ? 64 : 128;  // keys per block (64 per warpgroup, or 64 shared)
   static constexpr int kWgKeys = kColSplit ? 0 : 64;     // warpgroup w's first key in the block: kWgKeys w
   static constexpr int kAccCols = kColSplit ? 128 : D;   // dK / dV columns a warpgroup accumulates
-  // Head dim 64: 128-query steps as two 64-query sub-steps, dQ split by query rows (choices above).
-  static constexpr int kBlockM = D == 64 ? 128 : 64;  // queries per step
+  // Head dim 64, and 128 in HSTU's lean kernel: 128-query steps as two 64-query sub-steps (choices above).
+  static constexpr int kBlockM = D == 64 || (D == 128 && kLeanHstu) ? 128 : 64;  // queries per step
   static constexpr int kSubSteps = kBlockM / 64;
-  static constexpr bool kDqRowSplit = kSubSteps == 2;
+  static constexpr bool kDqRowSplit = D == 64;
+  // dQ passes of a warpgroup per step: one (64 queries) under kDqRowSplit or kColSplit; else one per 64 queries.
+  static constexpr int kDqPasses = kDqRowSplit ? 1 : kSubSteps;
   static constexpr int kDqCols = kColSplit ? 128 : (kDqRowSplit ? D : 64);  // dQ columns of a warpgroup's step
   static constexpr int kThreads = 256;
   static constexpr int kTileK = kBlockN * kD * 2;  // bytes of the k (or v) tile
@@ -110,10 +117,10 @@ struct Sm90BwdMaps {
 #if defined(HIPDLRM_PLATFORM_CUDA)  // NVIDIA only: AMD builds compile none of what follows
 
 template <typename T, class V, bool kLean, int kD>
-__global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
+__global__ void __launch_bounds__(Sm90BwdConfig<kD, kLean && V::kHstu>::kThreads, 1)
     attention_backward_sm90_kernel(AttentionBackwardArgs args, const __grid_constant__ Sm90BwdMaps maps) {
 #if defined(HIPDLRM_WGMMA)
-  using Cfg = Sm90BwdConfig<kD>;
+  using Cfg = Sm90BwdConfig<kD, kLean && V::kHstu>;
   constexpr int kColBlocks = kD / 64;
   using F = Act<V::kAct, kTanhActivation<T>>;
   using Mma = gpu::Mma16<T>;
@@ -273,8 +280,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
       const std::uint64_t desc_q = wg::desc(q_s, 16, 1024), desc_do = wg::desc(do_s, 16, 1024);
       const std::uint64_t desc_q_t = wg::desc(q_s + acc_block * kBlockQ, kBlockQ, 1024);
       const std::uint64_t desc_do_t = wg::desc(do_s + acc_block * kBlockQ, kBlockQ, 1024);
-      const std::uint64_t desc_ds =
-          wg::desc(ds_s + (Cfg::kDqRowSplit ? wgi * kBN * 128 : 0), Cfg::kTileS, 1024);
+      const std::uint64_t desc_ds = wg::desc(ds_s, Cfg::kTileS, 1024);
       const std::uint64_t desc_k_t = wg::desc(k_s + dq_block * kBlockK, kBlockK, 1024);
 
       std::uint32_t pp[4][4], px[4][4];  // P^T and dX^T as register A operands (k16 steps over the queries)
@@ -292,6 +298,11 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
 #pragma unroll
       for (int sub = 0; sub < Cfg::kSubSteps; ++sub) {
         const int i0s = i0 + 64 * sub;  // the sub-step's first query
+        if (kD > 64 && sub > 0) {  // the previous sub-step's dK and dV done: their registers with S^T and dP^T
+          wg::wait<0>();           // in flight would not fit at 128 columns
+          wg::fence_regs(dk);
+          wg::fence_regs(dv);
+        }
         const bool inside_seq = !V::kHstu || (i0s + 64 <= nq && kw0 + 64 <= nkv);
         const bool full = inside_seq && rab == nullptr && !packed && mask.tile_all(i0s, i0s + 64, kw0, kw0 + 64);
         live = full || mask.tile_any(i0s, i0s + 64, kw0, kw0 + 64);
@@ -427,62 +438,68 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
       }
       wg::fence_smem_for_async();
       __syncthreads();  // dS complete
-      // dQ[64 q x kDqCols d] = dS k over the block's keys: of head-dim part wgi, or (kDqRowSplit) of the
-      // step's queries [64 wgi, 64 wgi + 64).
+      // dQ[64 q x kDqCols d] = dS k over the block's keys: of head-dim part wgi for each 64 queries of the step
+      // in turn, or (kDqRowSplit) of the step's queries [64 wgi, 64 wgi + 64).
       constexpr int kDq = Cfg::kDqCols;
-      const int dq_q0 = i0 + (Cfg::kDqRowSplit ? 64 * wgi : 0), dq_c0 = Cfg::kDqRowSplit ? 0 : kDq * wgi;
-      if (mask.tile_any(dq_q0, dq_q0 + 64, j0, j0 + kBN) && dq_c0 < p.dqk && dq_c0 < kD) {
-        float dq[kDq / 2];
-        wg::fence();
 #pragma unroll
-        for (int kk = 0; kk < kBN / 16; ++kk) {
-          wg::SST<kDq, kBf16>::run(dq, wg::desc_add(desc_ds, 16 * kk * 128), wg::desc_add(desc_k_t, 16 * kk * 128),
-                                   kk > 0 ? 1 : 0);
-        }
-        wg::commit();
-        if (kDkLate && live) {  // dK after dQ: the dQ reductions below are issued while dK computes
-          issue_dk(Cfg::kSubSteps - 1);
-          wg::wait<1>();
-        } else {
-          wg::wait<0>();
-        }
-        wg::fence_regs(dq);
-        wg::fence_regs(dv);
-        wg::fence_regs(dk);
-        // One base address per row and immediate offsets (a reduction's operand registers stay locked until
-        // the memory unit has read them: addresses recomputed into the same registers serialised the 16
-        // reductions of a step). Head dims below 128 drop the pairs past dqk, at the cost of that ordering.
-        const int c0 = dq_c0 + 2 * t4;
-        float* const dqa = bb.dqa0 + h * p.dqk + c0;
-        const bool all_cols = p.dqk == kD;
-        // Both rows' addresses before the first reduction: nothing is computed between them.
-        const int ia = dq_q0 + 16 * warp + g;
-        float* const rows2[2] = {dqa + static_cast<std::int64_t>(ia) * bb.q_stride,
-                                 dqa + static_cast<std::int64_t>(ia + 8) * bb.q_stride};
+      for (int pass = 0; pass < Cfg::kDqPasses; ++pass) {
+        const int qb = Cfg::kDqRowSplit ? wgi : pass;  // the step's 64-query block of this pass
+        const int dq_q0 = i0 + 64 * qb, dq_c0 = Cfg::kDqRowSplit ? 0 : kDq * wgi;
+        const std::uint64_t desc_ds_q = wg::desc_add(desc_ds, qb * kBN * 128);
+        const bool dk_here = kDkLate && live && pass == 0;  // the late dK, issued after the first dQ products
+        if (mask.tile_any(dq_q0, dq_q0 + 64, j0, j0 + kBN) && dq_c0 < p.dqk && dq_c0 < kD) {
+          float dq[kDq / 2];
+          wg::fence();
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          if (ia + 8 * half < nq) {
-            float* const row = rows2[half];
-            if (all_cols) {
+          for (int kk = 0; kk < kBN / 16; ++kk) {
+            wg::SST<kDq, kBf16>::run(dq, wg::desc_add(desc_ds_q, 16 * kk * 128),
+                                     wg::desc_add(desc_k_t, 16 * kk * 128), kk > 0 ? 1 : 0);
+          }
+          wg::commit();
+          if (dk_here) {  // dK after dQ: the dQ reductions below are issued while dK computes
+            issue_dk(Cfg::kSubSteps - 1);
+            wg::wait<1>();
+          } else {
+            wg::wait<0>();
+          }
+          wg::fence_regs(dq);
+          wg::fence_regs(dv);
+          wg::fence_regs(dk);
+          // One base address per row and immediate offsets (a reduction's operand registers stay locked until
+          // the memory unit has read them: addresses recomputed into the same registers serialised the 16
+          // reductions of a step). Head dims below 128 drop the pairs past dqk, at the cost of that ordering.
+          const int c0 = dq_c0 + 2 * t4;
+          float* const dqa = bb.dqa0 + h * p.dqk + c0;
+          const bool all_cols = p.dqk == kD;
+          // Both rows' addresses before the first reduction: nothing is computed between them.
+          const int ia = dq_q0 + 16 * warp + g;
+          float* const rows2[2] = {dqa + static_cast<std::int64_t>(ia) * bb.q_stride,
+                                   dqa + static_cast<std::int64_t>(ia + 8) * bb.q_stride};
 #pragma unroll
-              for (int jj = 0; jj < kDq / 8; ++jj) {
-                const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
-                gpu::atomic_add_vec<2>(row + 8 * jj, vals);
-              }
-            } else {
+          for (int half = 0; half < 2; ++half) {
+            if (ia + 8 * half < nq) {
+              float* const row = rows2[half];
+              if (all_cols) {
 #pragma unroll
-              for (int jj = 0; jj < kDq / 8; ++jj) {
-                const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
-                if (c0 + 8 * jj < p.dqk) gpu::atomic_add_vec<2>(row + 8 * jj, vals);
+                for (int jj = 0; jj < kDq / 8; ++jj) {
+                  const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
+                  gpu::atomic_add_vec<2>(row + 8 * jj, vals);
+                }
+              } else {
+#pragma unroll
+                for (int jj = 0; jj < kDq / 8; ++jj) {
+                  const float vals[2] = {alpha_out * dq[4 * jj + 2 * half], alpha_out * dq[4 * jj + 2 * half + 1]};
+                  if (c0 + 8 * jj < p.dqk) gpu::atomic_add_vec<2>(row + 8 * jj, vals);
+                }
               }
             }
           }
+        } else {
+          if (dk_here) issue_dk(Cfg::kSubSteps - 1);
+          wg::wait<0>();
+          wg::fence_regs(dv);
+          wg::fence_regs(dk);
         }
-      } else {
-        if (kDkLate && live) issue_dk(Cfg::kSubSteps - 1);
-        wg::wait<0>();
-        wg::fence_regs(dv);
-        wg::fence_regs(dk);
       }
       if (kDkLate) {  // dK read px and this step's q: done before either is rewritten
         wg::wait<0>();
@@ -565,7 +582,7 @@ __global__ void __launch_bounds__(Sm90BwdConfig<kD>::kThreads, 1)
 
 template <typename T, class V, bool kLean, int kD>
 gpu::status_t launch_attention_backward_sm90_variant(const AttentionBackwardArgs& args, gpu::stream_t stream) {
-  using Cfg = Sm90BwdConfig<kD>;
+  using Cfg = Sm90BwdConfig<kD, kLean && V::kHstu>;
   const AttentionProblem& p = args.p;
   const int kv_heads = V::kHstu || p.kv_heads == 0 ? p.heads : p.kv_heads;
   const std::int64_t capacity = schedule_capacity(p, Cfg::kBlockN, true);
