@@ -774,6 +774,8 @@ def measure(wl: Workload, pass_name: str, optimizer: Optional[str], device: torc
             copy_gbs: float) -> List[dict]:
     """The pass's variants on one workload, checked first: one result row each."""
     VERIFY[pass_name](wl)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the check's fp32 plain side is gone: its blocks back for the timed one's
     timed = [(v, time_fn(v.fn, device=device, warmup=WARMUP, iters=iters, setup=v.setup))
              for v in PASSES[pass_name](wl, device)]
     medians = {v.name: t["median_ms"] for v, t in timed}
@@ -923,14 +925,16 @@ def main(argv=None) -> int:
                     else:
                         results += measure(wls[0], args.pass_name, optimizer, device, iters, copy_gbs)
                     del wls
-                except torch.cuda.OutOfMemoryError:
-                    # A smaller GPU (an 80 GB one) cannot hold some configuration with its plain anchor: say
-                    # so, go on, and mark the optimizer's targets incomplete.
+                except torch.cuda.OutOfMemoryError as exc:
+                    # A smaller GPU cannot hold some configuration with its plain anchor: say so, with the
+                    # allocation that failed and the memory free then (PyTorch's first three sentences), go
+                    # on, and mark the optimizer's targets incomplete.
                     wls = None
+                    reason = ". ".join(str(exc).split(". ")[:3]).strip()
                     skipped.append({"config": config.label, "alpha": alpha, "optimizer": optimizer,
-                                    "reason": "out of GPU memory"})
+                                    "reason": reason})
                     print(f"skipped {config.label} alpha={alpha:g}{'' if optimizer is None else ' ' + optimizer}: "
-                          "out of GPU memory", file=sys.stderr)
+                          f"{reason}", file=sys.stderr)
                     if device.type == "cuda":
                         torch.cuda.empty_cache()
             del module
