@@ -47,8 +47,8 @@ Backward / step variants, per optimizer:
                          rows' "implementation" says which; its state has the weights' dtype), and for the
                          optimizers torch.optim lacks (EXACT_ROWWISE_ADAGRAD, PARTIAL_ROWWISE_ADAM, LAMB,
                          PARTIAL_ROWWISE_LAMB, LARS_SGD) hipdlrm's formula (docs/tbe.md) written with
-                         in-place tensor ops, one table at a time (fp32 temporaries of one table: an
-                         80 GB GPU holds every configuration), fp32 state; step: forward too
+                         in-place tensor ops, one table at a time (the fp32 temporaries of one table),
+                         fp32 state; step: forward too
 Before timing, one step of each side is run from the same weights and the same optimizer state
 (verify_training), and the run aborts unless they agree on every looked-up row and hipdlrm's step left
 every other row bit for bit as it was. The module's state is set to random values first (second moments
@@ -440,7 +440,7 @@ class PlainTrainer:
     F.embedding_bag's backward gives the dense gradient of every row; torch.optim's step where torch.optim
     has the optimizer, else hipdlrm's formula (docs/tbe.md) over every row in fp32, one table at a time (the
     fp32 temporaries of one table, not of all: an 80 GB GPU then holds the largest configuration's module and
-    anchor together)."""
+    hand-written anchor together; torch.optim's Adam there still does not fit)."""
 
     def __init__(self, wl: Workload, dtype: Optional[torch.dtype] = None):
         m = wl.module
